@@ -1,0 +1,243 @@
+// Causal multi-head self-attention with coupled query-key dynamics (method spec section 1):
+//
+//     Q, K, V  = X Wq, X Wk, X Wv           X: [B*T, D]; weights stored [in, out]
+//     (Q', K') = Phi(Q, K)                  every (token, head) pair, integration time softplus(rho_h)
+//     O        = Scoring(Q', K', V)         Softmax or Differential, causal
+//     Y        = O Wo
+//
+// Attention<Scalar, Integrator, Scoring>: the integrator and the scoring are compile-time policies
+// (integrators/policy.hpp, scoring/*.hpp). Forward and backward are side by side below.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/parameters.hpp"
+#include "core/random.hpp"
+#include "core/types.hpp"
+#include "integrators/policy.hpp"
+#include "scoring/causal_softmax.hpp"
+
+namespace coupledqk {
+
+/// Sizes and initialisation of one attention layer. Defaults follow the method spec.
+struct AttentionConfig {
+  Index dim = 0;                 ///< D, model width
+  Index heads = 0;               ///< H, query/key pairs per token (H/2 heads for Differential)
+  Index hidden = 0;              ///< m, dynamics hidden width; 0 means m = d = D/H
+  int layer_index = 0;           ///< 0-based, used by Differential's lambda_init
+  double init_std = 0.02;        ///< std of Wq, Wk, Wv, Wo at init (GPT-2)
+  double dynamics_init_scale = 0.0;  ///< std of a, c (P*2 for Uncoupled); 0 = exactly standard at init
+  double init_time = 1.0;        ///< integration time tau at init: rho = softplus^-1(init_time)
+  DynamicsMemory memory = DynamicsMemory::store;  ///< what the dynamics' backward keeps
+
+  Index head_dim() const { return heads > 0 ? dim / heads : 0; }
+  Index hidden_width() const { return hidden > 0 ? hidden : head_dim(); }
+};
+
+/// Throws a descriptive coupledqk::invalid_argument unless the config is usable.
+inline void validate(const AttentionConfig& c) {
+  require(c.dim > 0, "attention: dim (D) must be positive; got ", c.dim);
+  require(c.heads > 0, "attention: heads (H) must be positive; got ", c.heads);
+  require(c.dim % c.heads == 0, "attention: dim (D) must be divisible by heads (H); got D = ", c.dim,
+          ", H = ", c.heads, " (D/H = ", static_cast<double>(c.dim) / c.heads, ")");
+  require(c.hidden >= 0, "attention: hidden (m) must be >= 0 (0 means m = D/H); got ", c.hidden);
+  require(c.layer_index >= 0, "attention: layer_index must be >= 0; got ", c.layer_index);
+  require(std::isfinite(c.init_std) && c.init_std >= 0, "attention: init_std must be finite and >= 0; got ",
+          c.init_std);
+  require(std::isfinite(c.dynamics_init_scale) && c.dynamics_init_scale >= 0,
+          "attention: dynamics_init_scale must be finite and >= 0; got ", c.dynamics_init_scale);
+  require(std::isfinite(c.init_time) && c.init_time > 0,
+          "attention: init_time (tau at init) must be finite and > 0; got ", c.init_time);
+}
+
+/// softplus(x) = log(1 + e^x), stable; its inverse; and its derivative sigmoid(x).
+template <class S>
+S softplus(S x) {
+  return x > S(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+}
+inline double softplus_inverse(double y) { return y > 20 ? y : std::log(std::expm1(y)); }
+template <class S>
+S sigmoid(S x) {
+  return S(1) / (S(1) + std::exp(-x));
+}
+
+template <class S, class Integrator, class Scoring>
+class Attention {
+  static_assert(std::is_floating_point_v<S>, "Attention: Scalar must be float or double");
+  static_assert(CheckIntegrator<Integrator>::value, "Attention: the integrator policy is incomplete");
+
+ public:
+  using scalar = S;
+  using integrator = Integrator;
+  using scoring = Scoring;
+  using DynamicsParameters = typename Integrator::template parameters<S>;
+  using ScoringParameters = typename Scoring::template parameters<S>;
+
+  /// Every learned tensor of the layer. Names as in files: wq, wk, wv, wo, dyn.*, and the scoring's.
+  struct Parameters {
+    Matrix<S> wq, wk, wv, wo;  // [D, D], stored [in, out]
+    Vector<S> rho;             // [H] integration time tau_h = softplus(rho_h); empty for Identity
+    DynamicsParameters dyn;
+    ScoringParameters score;
+
+    template <class F>
+    void visit(F&& f) {
+      visit_impl(*this, f);
+    }
+    template <class F>
+    void visit(F&& f) const {
+      visit_impl(*this, f);
+    }
+
+   private:
+    template <class Self, class F>
+    static void visit_impl(Self& s, F& f) {
+      f("wq", s.wq);
+      f("wk", s.wk);
+      f("wv", s.wv);
+      f("wo", s.wo);
+      if constexpr (Integrator::has_dynamics) {
+        s.dyn.visit([&](const char* name, auto& t) { f((std::string("dyn.") + name).c_str(), t); });
+        f("dyn.rho", s.rho);
+      }
+      s.score.visit(f);
+    }
+  };
+
+  /// What forward keeps for backward (see backward for what each is used for).
+  struct Context {
+    Index batch = 0, seq = 0;
+    Matrix<S> x;        // [B*T, D] input                       -> grads of Wq, Wk, Wv
+    Matrix<S> q, k, v;  // [B*T, D] evolved Q', K' and V          -> scoring backward, recompute mode
+    Matrix<S> o;        // [B*T, D] scoring output                -> grad of Wo
+    Vector<S> tau;      // [B*T*H] integration time of each pair
+    StateTrace<S> dynamics;  // per-sub-step states (empty in recompute mode)
+    typename Scoring::template saved<S> scoring;
+  };
+
+  explicit Attention(const AttentionConfig& config, std::uint64_t seed = 0) : config_(config) {
+    validate(config_);
+    Scoring::validate(scoring_shape(1, 1));
+    require(config_.memory == DynamicsMemory::store || Integrator::is_reversible,
+            "attention: DynamicsMemory::recompute needs a reversible integrator; '", Integrator::name,
+            "' is not (reversible: leapfrog and other splitting methods)");
+    Rng rng(seed);
+    const Index D = config_.dim;
+    for (Matrix<S>* w : {&params.wq, &params.wk, &params.wv, &params.wo}) {
+      w->resize(D, D);
+      rng.fill_normal(*w, config_.init_std);
+    }
+    if constexpr (Integrator::has_dynamics) {
+      DynamicsShape shape{config_.head_dim(), config_.hidden_width(), config_.dynamics_init_scale};
+      params.dyn = Integrator::template make_parameters<S>(shape, rng);
+      params.rho = Vector<S>::Constant(config_.heads, S(softplus_inverse(config_.init_time)));
+    }
+    params.score = Scoring::template make_parameters<S>(scoring_shape(1, 1), rng);
+  }
+
+  const AttentionConfig& config() const { return config_; }
+
+  /// Number of scalars in all parameters, and in the dynamics alone (dyn.*, including rho).
+  Index parameter_count() const { return count_parameters(params); }
+  Index dynamics_parameter_count() const {
+    return Integrator::has_dynamics ? count_parameters(params.dyn) + params.rho.size() : 0;
+  }
+
+  /// A zero gradient buffer shaped like the parameters.
+  Parameters zero_gradients() const { return zeros_like(params); }
+
+  /// y = layer(x). x: [B*T, D] with rows ordered (b, t); batch = B. When ctx is given it receives
+  /// what backward needs.
+  Matrix<S> forward(const ConstMatrixRef<S>& x, Index batch, Context* ctx = nullptr) const {
+    const Index D = config_.dim, H = config_.heads, d = config_.head_dim();
+    require(batch > 0, "attention forward: batch (B) must be positive; got ", batch);
+    require(x.rows() > 0, "attention forward: x has no rows; expected [B*T, D] with B*T > 0");
+    require(x.cols() == D, "attention forward: x has ", x.cols(), " columns; expected D = ", D,
+            " (x is [B*T, D])");
+    require(x.rows() % batch == 0, "attention forward: x has ", x.rows(),
+            " rows, which is not a multiple of batch B = ", batch, " (x is [B*T, D])");
+    require_finite(x, "attention forward: input x");
+    const Index T = x.rows() / batch;
+    Context local;
+    Context& c = ctx ? *ctx : local;
+    c.batch = batch;
+    c.seq = T;
+    if (ctx) c.x = x;
+    c.q.noalias() = x * params.wq;
+    c.k.noalias() = x * params.wk;
+    c.v.noalias() = x * params.wv;
+    if constexpr (Integrator::has_dynamics) {
+      c.tau = pair_times(batch * T);
+      MatrixMap<S> qp(c.q.data(), batch * T * H, d), kp(c.k.data(), batch * T * H, d);
+      Integrator::template forward<S>(params.dyn, c.tau, qp, kp, ctx ? &c.dynamics : nullptr,
+                                      ctx ? config_.memory : DynamicsMemory::store);
+    }
+    Scoring::template forward<S>(params.score, scoring_shape(batch, T), c.q, c.k, c.v, c.o,
+                                 ctx ? &c.scoring : nullptr);
+    return c.o * params.wo;
+  }
+
+  /// Given dy = dLoss/dy [B*T, D] and the forward's context, accumulates (+=) the parameter
+  /// gradients into `grad` and returns dLoss/dx (=).
+  Matrix<S> backward(const Context& c, const ConstMatrixRef<S>& dy, Parameters& grad) const {
+    const Index D = config_.dim, H = config_.heads, d = config_.head_dim();
+    require(c.batch > 0 && c.x.rows() == c.batch * c.seq,
+            "attention backward: the context holds no forward pass (call forward with a context first)");
+    require(dy.rows() == c.x.rows() && dy.cols() == D, "attention backward: dy is [", dy.rows(), ", ",
+            dy.cols(), "]; expected [", c.x.rows(), ", ", D, "], the shape of the forward's output");
+    require_finite(dy, "attention backward: upstream gradient dy");
+    require(grad.wq.rows() == D && grad.wq.cols() == D,
+            "attention backward: the gradient buffer is not shaped like the parameters (use zero_gradients())");
+    // Y = O Wo
+    grad.wo.noalias() += c.o.transpose() * dy;
+    const Matrix<S> d_o = dy * params.wo.transpose();
+    // scoring: dq, dk are the cotangents of the evolved Q', K'
+    Matrix<S> dq, dk, dv;
+    Scoring::template backward<S>(params.score, scoring_shape(c.batch, c.seq), c.q, c.k, c.v,
+                                  c.scoring, d_o, dq, dk, dv, grad.score);
+    if constexpr (Integrator::has_dynamics) {
+      const Index P = c.batch * c.seq * H;
+      Vector<S> dtau = Vector<S>::Zero(P);
+      MatrixMap<S> dqp(dq.data(), P, d), dkp(dk.data(), P, d);
+      Integrator::template backward<S>(params.dyn, c.tau, c.dynamics,
+                                       ConstMatrixMap<S>(c.q.data(), P, d),
+                                       ConstMatrixMap<S>(c.k.data(), P, d), dqp, dkp, grad.dyn,
+                                       dtau, config_.memory);
+      // tau_h = softplus(rho_h): d tau / d rho = sigmoid(rho)
+      for (Index r = 0; r < P; ++r) grad.rho[r % H] += dtau[r] * sigmoid(params.rho[r % H]);
+    }
+    grad.wq.noalias() += c.x.transpose() * dq;
+    grad.wk.noalias() += c.x.transpose() * dk;
+    grad.wv.noalias() += c.x.transpose() * dv;
+    Matrix<S> dx = dq * params.wq.transpose();
+    dx.noalias() += dk * params.wk.transpose();
+    dx.noalias() += dv * params.wv.transpose();
+    return dx;
+  }
+
+  /// Integration time of every (token, head) pair, rows ordered (b, t, h): [rows * H].
+  Vector<S> pair_times(Index rows) const {
+    const Index H = config_.heads;
+    Vector<S> tau(rows * H);
+    for (Index h = 0; h < H; ++h) {
+      const S t = softplus(params.rho[h]);
+      for (Index r = 0; r < rows; ++r) tau[r * H + h] = t;
+    }
+    return tau;
+  }
+
+  Parameters params;
+
+ private:
+  ScoringShape scoring_shape(Index batch, Index seq) const {
+    return ScoringShape{batch, seq, config_.heads, config_.head_dim(), config_.layer_index};
+  }
+
+  AttentionConfig config_;
+};
+
+}  // namespace coupledqk

@@ -1,0 +1,41 @@
+// Errors raised by coupledqk. Every message says what was wrong, the value seen and what is accepted.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace coupledqk {
+
+/// Raised for bad arguments: wrong shapes, zero sizes, unknown names, out-of-range step counts,
+/// non-finite inputs. Derives from std::invalid_argument so generic handlers still catch it.
+class invalid_argument : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// Raised when a file cannot be read or written, or its content is not what was expected.
+class io_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+
+template <class... Parts>
+std::string concat(Parts&&... parts) {
+  std::ostringstream os;
+  (os << ... << std::forward<Parts>(parts));
+  return os.str();
+}
+
+}  // namespace detail
+
+/// Throws coupledqk::invalid_argument built from the parts when `ok` is false.
+template <class... Parts>
+void require(bool ok, Parts&&... parts) {
+  if (!ok) throw invalid_argument(detail::concat(std::forward<Parts>(parts)...));
+}
+
+}  // namespace coupledqk

@@ -1,0 +1,62 @@
+// The one nonlinearity every integrator is built from, batched over rows:
+//
+//     y = (scale * tanh(x A^T + bias)) B          x: [P, d]  A, B: [r, d]  bias, scale: [r]  y: [P, d]
+//
+// With A = B = W and scale = a it is the Hamiltonian's grad V(q) = W^T (a * tanh(W q + b)), row by row;
+// with scale = 1 and B = P2^T it is the uncoupled MLP P2 tanh(P1 x + p). Both the forward and its
+// vector-Jacobian product live here, so the integrators only arrange sub-steps.
+#pragma once
+
+#include <cmath>
+
+#include "../core/types.hpp"
+
+namespace coupledqk {
+
+template <class S>
+struct TanhMap {
+  /// Forward. `act` receives tanh(x A^T + bias) [P, r] (needed by vjp); `y` is written (=).
+  /// `scale` may be null (all ones).
+  static void apply(const ConstMatrixRef<S>& x, const Matrix<S>& A, const Vector<S>& bias,
+                    const Vector<S>* scale, const Matrix<S>& B, Matrix<S>& act, Matrix<S>& y) {
+    act.noalias() = x * A.transpose();
+    act.rowwise() += bias.transpose();
+    act = act.array().tanh();
+    if (scale)
+      y.noalias() = (act.array().rowwise() * scale->transpose().array()).matrix() * B;
+    else
+      y.noalias() = act * B;
+  }
+
+  /// Vector-Jacobian product for the cotangent `ybar` [P, d] of y, given x and the `act` that apply
+  /// returned. Accumulates (+=) into xbar [P, d], dA [r, d], dbias [r], dscale [r] (when scale is
+  /// not null) and dB [r, d]. Pass the same matrix for dA and dB when A and B are tied.
+  static void vjp(const ConstMatrixRef<S>& x, const Matrix<S>& act, const Matrix<S>& A,
+                  const Vector<S>* scale, const Matrix<S>& B, const ConstMatrixRef<S>& ybar,
+                  MatrixRef<S> xbar, Matrix<S>& dA, Vector<S>& dbias, Vector<S>* dscale,
+                  Matrix<S>& dB) {
+    // ubar = d loss / d (scale * act) = ybar B^T  [P, r]
+    Matrix<S> ubar = ybar * B.transpose();
+    if (scale) {
+      dB.noalias() += (act.array().rowwise() * scale->transpose().array()).matrix().transpose() * ybar;
+      dscale->noalias() += (ubar.array() * act.array()).colwise().sum().matrix().transpose();
+      ubar.array().rowwise() *= scale->transpose().array();
+    } else {
+      dB.noalias() += act.transpose() * ybar;
+    }
+    // through tanh: d/dz tanh(z) = 1 - tanh(z)^2
+    ubar.array() *= (S(1) - act.array().square());
+    dbias.noalias() += ubar.colwise().sum().transpose();
+    dA.noalias() += ubar.transpose() * x;
+    xbar.noalias() += ubar * A;
+  }
+};
+
+/// log cosh(z), stable for large |z|: |z| + log1p(exp(-2|z|)) - log 2.
+template <class S>
+S log_cosh(S z) {
+  const S a = std::abs(z);
+  return a + std::log1p(std::exp(S(-2) * a)) - S(0.69314718055994530941723212145818);
+}
+
+}  // namespace coupledqk

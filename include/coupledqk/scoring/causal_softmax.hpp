@@ -1,0 +1,61 @@
+// Causal softmax attention of one head, the plain reference path shared by both scoring policies.
+//
+//     P = softmax(scale * q k^T + causal mask)      q, k: [T, d]   P: [T, T], zero above the diagonal
+//
+// Row i only ever reads scores j <= i, so an output never depends on later tokens (bitwise).
+#pragma once
+
+#include <cmath>
+
+#include "../core/types.hpp"
+
+namespace coupledqk {
+
+template <class S>
+using ConstBlockRef = Eigen::Ref<const Matrix<S>, 0, Eigen::OuterStride<>>;
+template <class S>
+using BlockRef = Eigen::Ref<Matrix<S>, 0, Eigen::OuterStride<>>;
+
+/// Everything a scoring policy needs to know about one call.
+struct ScoringShape {
+  Index batch = 0;      ///< B
+  Index seq = 0;        ///< T
+  Index heads = 0;      ///< H (query/key pairs per token)
+  Index head_dim = 0;   ///< d
+  int layer_index = 0;  ///< 0-based, used by Differential's lambda_init
+};
+
+template <class S>
+struct CausalSoftmax {
+  /// P (written) from one head's q, k.
+  static void probabilities(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, S scale, Matrix<S>& P) {
+    const Index T = q.rows();
+    P.noalias() = q * k.transpose();
+    for (Index i = 0; i < T; ++i) {
+      S mx = P(i, 0);
+      for (Index j = 1; j <= i; ++j) mx = std::max(mx, P(i, j));
+      S sum = 0;
+      for (Index j = 0; j <= i; ++j) {
+        const S e = std::exp(scale * (P(i, j) - mx));
+        P(i, j) = e;
+        sum += e;
+      }
+      const S inv = S(1) / sum;
+      for (Index j = 0; j <= i; ++j) P(i, j) *= inv;
+      for (Index j = i + 1; j < T; ++j) P(i, j) = S(0);
+    }
+  }
+
+  /// Given P and the cotangent dP of P, accumulates (+=) the cotangents of q and k.
+  /// dS = P * (dP - rowsum(P * dP)) is formed in place of dP.
+  static void backward(const Matrix<S>& P, Matrix<S>& dP, const ConstBlockRef<S>& q,
+                       const ConstBlockRef<S>& k, S scale, BlockRef<S> dq, BlockRef<S> dk) {
+    const Vector<S> rows = (P.array() * dP.array()).rowwise().sum().matrix();
+    dP.array() = P.array() * (dP.array().colwise() - rows.array());
+    dP *= scale;
+    dq.noalias() += dP * k;
+    dk.noalias() += dP.transpose() * q;
+  }
+};
+
+}  // namespace coupledqk

@@ -1,0 +1,167 @@
+// Differential scoring (Ye et al., "Differential Transformer"): H/2 differential heads, each made of
+// two query/key sub-heads of size d (sub-heads 2g and 2g+1) and a value of size 2d:
+//
+//     A_g    = softmax(Q1 K1^T / sqrt(d) + causal) - lambda * softmax(Q2 K2^T / sqrt(d) + causal)
+//     lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init,   lambda_init = 0.8 - 0.6 exp(-0.3 l)
+//     O_g    = (1 - lambda_init) * RMSNorm(A_g V_g) * subln      (RMSNorm over the 2d channels)
+//
+// l is the 0-based layer index. lq*, lk*: [d], subln: [2d], shared by the heads of a layer.
+#pragma once
+
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/parameters.hpp"
+#include "../core/random.hpp"
+#include "causal_softmax.hpp"
+
+namespace coupledqk {
+
+template <class S>
+struct DifferentialParameters {
+  Vector<S> lq1, lk1, lq2, lk2;  // [d]
+  Vector<S> subln;               // [2d]
+
+  template <class F>
+  void visit(F&& f) {
+    visit_impl(*this, f);
+  }
+  template <class F>
+  void visit(F&& f) const {
+    visit_impl(*this, f);
+  }
+
+ private:
+  template <class Self, class F>
+  static void visit_impl(Self& s, F& f) {
+    f("lq1", s.lq1);
+    f("lk1", s.lk1);
+    f("lq2", s.lq2);
+    f("lk2", s.lk2);
+    f("subln", s.subln);
+  }
+};
+
+struct Differential {
+  static constexpr const char* name = "differential";
+  static constexpr double rms_eps = 1e-5;
+
+  template <class S>
+  using parameters = DifferentialParameters<S>;
+
+  /// Kept for the backward: both probability matrices of every (batch, differential head), the
+  /// un-normalised output A V and its inverse RMS per (row, head), and lambda.
+  template <class S>
+  struct saved {
+    std::vector<Matrix<S>> probs1, probs2;
+    Matrix<S> av;       // [B*T, D]
+    Matrix<S> inv_rms;  // [B*T, H/2]
+    S lambda = 0;
+  };
+
+  static double lambda_init(int layer_index) { return 0.8 - 0.6 * std::exp(-0.3 * layer_index); }
+
+  static void validate(const ScoringShape& sh) {
+    require(sh.heads >= 2 && sh.heads % 2 == 0,
+            "Differential scoring pairs the heads (sub-heads 2g and 2g+1 form differential head g), ",
+            "so the head count must be even; got heads = ", sh.heads);
+    require(sh.layer_index >= 0, "Differential scoring: layer_index must be >= 0; got ", sh.layer_index);
+  }
+
+  /// lq*, lk* ~ N(0, 0.1^2); subln = 1.
+  template <class S>
+  static parameters<S> make_parameters(const ScoringShape& sh, Rng& rng) {
+    parameters<S> p;
+    for (Vector<S>* v : {&p.lq1, &p.lk1, &p.lq2, &p.lk2}) {
+      v->resize(sh.head_dim);
+      rng.fill_normal(*v, 0.1);
+    }
+    p.subln = Vector<S>::Ones(2 * sh.head_dim);
+    return p;
+  }
+
+  template <class S>
+  static S lambda(const parameters<S>& p, int layer_index) {
+    return std::exp(p.lq1.dot(p.lk1)) - std::exp(p.lq2.dot(p.lk2)) + S(lambda_init(layer_index));
+  }
+
+  template <class S>
+  static void forward(const parameters<S>& p, const ScoringShape& sh, const Matrix<S>& q,
+                      const Matrix<S>& k, const Matrix<S>& v, Matrix<S>& o, saved<S>* keep) {
+    const Index T = sh.seq, d = sh.head_dim, G = sh.heads / 2;
+    const S scale = S(1) / std::sqrt(S(d));
+    const S lam = lambda(p, sh.layer_index);
+    const S out_scale = S(1) - S(lambda_init(sh.layer_index));
+    o.resize(q.rows(), q.cols());
+    saved<S> local;
+    saved<S>& s = keep ? *keep : local;
+    s.lambda = lam;
+    s.probs1.assign(sh.batch * G, Matrix<S>());
+    s.probs2.assign(sh.batch * G, Matrix<S>());
+    s.av.resize(q.rows(), q.cols());
+    s.inv_rms.resize(q.rows(), G);
+    for (Index b = 0; b < sh.batch; ++b)
+      for (Index g = 0; g < G; ++g) {
+        Matrix<S>& P1 = s.probs1[b * G + g];
+        Matrix<S>& P2 = s.probs2[b * G + g];
+        const Index r0 = b * T, c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
+        CausalSoftmax<S>::probabilities(q.block(r0, c1, T, d), k.block(r0, c1, T, d), scale, P1);
+        CausalSoftmax<S>::probabilities(q.block(r0, c2, T, d), k.block(r0, c2, T, d), scale, P2);
+        auto av = s.av.block(r0, cv, T, 2 * d);
+        av.noalias() = (P1 - lam * P2) * v.block(r0, cv, T, 2 * d);
+        for (Index i = 0; i < T; ++i) {
+          const S r = S(1) / std::sqrt(av.row(i).squaredNorm() / S(2 * d) + S(rms_eps));
+          s.inv_rms(r0 + i, g) = r;
+          o.block(r0 + i, cv, 1, 2 * d).array() = (out_scale * r) * av.row(i).array() * p.subln.transpose().array();
+        }
+      }
+  }
+
+  template <class S>
+  static void backward(const parameters<S>& p, const ScoringShape& sh, const Matrix<S>& q,
+                       const Matrix<S>& k, const Matrix<S>& v, const saved<S>& s,
+                       const Matrix<S>& d_o, Matrix<S>& dq, Matrix<S>& dk, Matrix<S>& dv,
+                       parameters<S>& grad) {
+    const Index T = sh.seq, d = sh.head_dim, G = sh.heads / 2;
+    const S scale = S(1) / std::sqrt(S(d));
+    const S lam = s.lambda;
+    const S out_scale = S(1) - S(lambda_init(sh.layer_index));
+    dq.setZero(q.rows(), q.cols());
+    dk.setZero(k.rows(), k.cols());
+    dv.resize(v.rows(), v.cols());
+    S dlambda = 0;
+    Matrix<S> dav(T, 2 * d), dA, dP2;
+    for (Index b = 0; b < sh.batch; ++b)
+      for (Index g = 0; g < G; ++g) {
+        const Matrix<S>& P1 = s.probs1[b * G + g];
+        const Matrix<S>& P2 = s.probs2[b * G + g];
+        const Index r0 = b * T, c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
+        const auto av = s.av.block(r0, cv, T, 2 * d);
+        // through  o = out_scale * r * av * subln,  r = (mean(av^2) + eps)^(-1/2)
+        for (Index i = 0; i < T; ++i) {
+          const S r = s.inv_rms(r0 + i, g);
+          const auto doi = d_o.block(r0 + i, cv, 1, 2 * d).array();
+          grad.subln.array() += (out_scale * r) * (av.row(i).array() * doi).transpose();
+          const auto gi = (out_scale * doi * p.subln.transpose().array()).eval();
+          const S mean_go = (gi * av.row(i).array()).sum() / S(2 * d);
+          dav.row(i).array() = r * (gi - av.row(i).array() * (r * r * mean_go));
+        }
+        const auto vb = v.block(r0, cv, T, 2 * d);
+        dv.block(r0, cv, T, 2 * d).noalias() = (P1 - lam * P2).transpose() * dav;
+        dA.noalias() = dav * vb.transpose();
+        dlambda -= (dA.array() * P2.array()).sum();
+        dP2 = -lam * dA;
+        CausalSoftmax<S>::backward(P1, dA, q.block(r0, c1, T, d), k.block(r0, c1, T, d), scale,
+                                   dq.block(r0, c1, T, d), dk.block(r0, c1, T, d));
+        CausalSoftmax<S>::backward(P2, dP2, q.block(r0, c2, T, d), k.block(r0, c2, T, d), scale,
+                                   dq.block(r0, c2, T, d), dk.block(r0, c2, T, d));
+      }
+    const S e1 = std::exp(p.lq1.dot(p.lk1)), e2 = std::exp(p.lq2.dot(p.lk2));
+    grad.lq1 += (dlambda * e1) * p.lk1;
+    grad.lk1 += (dlambda * e1) * p.lq1;
+    grad.lq2 -= (dlambda * e2) * p.lk2;
+    grad.lk2 -= (dlambda * e2) * p.lq2;
+  }
+};
+
+}  // namespace coupledqk

@@ -1,0 +1,76 @@
+// Softmax scoring: standard causal scaled dot-product attention, head by head.
+//
+//     O[b, :, h] = softmax(Q'_bh K'_bh^T / sqrt(d) + causal) V_bh
+#pragma once
+
+#include <vector>
+
+#include "../core/parameters.hpp"
+#include "../core/random.hpp"
+#include "../core/error.hpp"
+#include "causal_softmax.hpp"
+
+namespace coupledqk {
+
+struct Softmax {
+  static constexpr const char* name = "softmax";
+
+  template <class S>
+  using parameters = EmptyParameters<S>;
+
+  /// Kept for the backward: the probabilities of every (batch, head), B*H matrices [T, T].
+  template <class S>
+  struct saved {
+    std::vector<Matrix<S>> probs;
+  };
+
+  static void validate(const ScoringShape&) {}
+
+  template <class S>
+  static parameters<S> make_parameters(const ScoringShape&, Rng&) {
+    return {};
+  }
+
+  // q, k, v, o: [B*T, D]; o is written (=).
+  template <class S>
+  static void forward(const parameters<S>&, const ScoringShape& sh, const Matrix<S>& q,
+                      const Matrix<S>& k, const Matrix<S>& v, Matrix<S>& o, saved<S>* keep) {
+    const Index T = sh.seq, d = sh.head_dim;
+    const S scale = S(1) / std::sqrt(S(d));
+    o.resize(q.rows(), q.cols());
+    if (keep) keep->probs.assign(sh.batch * sh.heads, Matrix<S>());
+    Matrix<S> P;
+    for (Index b = 0; b < sh.batch; ++b)
+      for (Index h = 0; h < sh.heads; ++h) {
+        Matrix<S>& p = keep ? keep->probs[b * sh.heads + h] : P;
+        CausalSoftmax<S>::probabilities(q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
+                                        scale, p);
+        o.block(b * T, h * d, T, d).noalias() = p * v.block(b * T, h * d, T, d);
+      }
+  }
+
+  // d_o: cotangent of o. dq, dk, dv are written (=).
+  template <class S>
+  static void backward(const parameters<S>&, const ScoringShape& sh, const Matrix<S>& q,
+                       const Matrix<S>& k, const Matrix<S>& v, const saved<S>& keep,
+                       const Matrix<S>& d_o, Matrix<S>& dq, Matrix<S>& dk, Matrix<S>& dv,
+                       parameters<S>&) {
+    const Index T = sh.seq, d = sh.head_dim;
+    const S scale = S(1) / std::sqrt(S(d));
+    dq.setZero(q.rows(), q.cols());
+    dk.setZero(k.rows(), k.cols());
+    dv.resize(v.rows(), v.cols());
+    Matrix<S> dP;
+    for (Index b = 0; b < sh.batch; ++b)
+      for (Index h = 0; h < sh.heads; ++h) {
+        const Matrix<S>& P = keep.probs[b * sh.heads + h];
+        const auto dob = d_o.block(b * T, h * d, T, d);
+        dv.block(b * T, h * d, T, d).noalias() = P.transpose() * dob;
+        dP.noalias() = dob * v.block(b * T, h * d, T, d).transpose();
+        CausalSoftmax<S>::backward(P, dP, q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
+                                   scale, dq.block(b * T, h * d, T, d), dk.block(b * T, h * d, T, d));
+      }
+  }
+};
+
+}  // namespace coupledqk

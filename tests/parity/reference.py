@@ -1,0 +1,245 @@
+"""PyTorch reference implementation of the coupledqk attention layer.
+
+One causal multi-head self-attention layer whose per-head queries and keys are
+evolved by "coupled query-key dynamics" before scoring.  Written for clarity,
+not speed; every function works in whatever floating dtype it is given (the
+parity tests use float64).
+
+Notation (shapes):
+    x            [B, T, D]      input; H heads of size d = D / H
+    wq wk wv wo  [D, D]         stored [in, out]:  Q = x @ wq  (no biases)
+    Q, K, V      [B, T, H, d]   head h owns channels [h*d, (h+1)*d)
+    dynamics     act on each (token, head) pair (q, k) in R^d x R^d independently,
+                 with step size h = softplus(rho[head]) / steps for `steps` steps.
+
+Tensor names follow the case-file convention: "x", "wq", ..., "dyn.W", "lq1", ...
+Metadata values are strings: attention, steps, heads, m, layer_index.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+# variant name -> (scoring, integrator); integrator None means identity dynamics.
+VARIANTS = {
+    "standard": ("softmax", None),
+    "leapfrog": ("softmax", "leapfrog"),
+    "euler": ("softmax", "euler"),
+    "uncoupled": ("softmax", "uncoupled"),
+    "diff": ("diff", None),
+    "diff-leapfrog": ("diff", "leapfrog"),
+    "diff-euler": ("diff", "euler"),
+    "diff-uncoupled": ("diff", "uncoupled"),
+}
+
+RMS_EPS = 1e-5  # epsilon inside the differential heads' RMS normalisation
+
+
+def parse_variant(name):
+    """Return (scoring, integrator) for a variant name; raise ValueError if unknown."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown attention variant {name!r}; expected one of {list(VARIANTS)}")
+    return VARIANTS[name]
+
+
+def lambda_init(layer_index):
+    """Differential attention's depth-dependent lambda offset."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
+
+
+def parameter_shapes(variant, D, H, m):
+    """Ordered dict name -> shape of every parameter tensor of a variant (x, dy excluded)."""
+    scoring, integrator = parse_variant(variant)
+    d = D // H
+    shapes = {"wq": (D, D), "wk": (D, D), "wv": (D, D), "wo": (D, D)}
+    if integrator in ("leapfrog", "euler"):
+        shapes.update({"dyn.W": (m, d), "dyn.U": (m, d),
+                       "dyn.b": (m,), "dyn.a": (m,), "dyn.e": (m,), "dyn.c": (m,),
+                       "dyn.rho": (H,)})
+    elif integrator == "uncoupled":
+        half = m // 2
+        shapes.update({"dyn.Pq1": (half, d), "dyn.Pk1": (half, d),
+                       "dyn.pq": (half,), "dyn.pk": (half,),
+                       "dyn.Pq2": (d, half), "dyn.Pk2": (d, half),
+                       "dyn.rho": (H,)})
+    if scoring == "diff":
+        shapes.update({"lq1": (d,), "lk1": (d,), "lq2": (d,), "lk2": (d,), "subln": (2 * d,)})
+    return shapes
+
+
+def input_shapes(variant, B, T, D, H, m):
+    """Ordered dict name -> shape of every tensor in a case file (x, dy and parameters)."""
+    shapes = {"x": (B, T, D), "dy": (B, T, D)}
+    shapes.update(parameter_shapes(variant, D, H, m))
+    return shapes
+
+
+def config_from(tensors, meta):
+    """Validate metadata against tensor shapes; return a dict of parsed settings."""
+    variant = meta["attention"]
+    scoring, integrator = parse_variant(variant)
+    steps, H, m, layer = (int(meta[k]) for k in ("steps", "heads", "m", "layer_index"))
+    B, T, D = tensors["x"].shape
+    if H < 1 or D % H:
+        raise ValueError(f"D={D} is not divisible by heads={H}")
+    if scoring == "diff" and H % 2:
+        raise ValueError(f"differential attention needs an even number of heads, got {H}")
+    if integrator is not None and steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if integrator == "uncoupled" and m % 2:
+        raise ValueError(f"uncoupled dynamics need an even m, got {m}")
+    for name, shape in parameter_shapes(variant, D, H, m).items():
+        if name not in tensors:
+            raise ValueError(f"variant {variant!r} needs tensor {name!r}")
+        if tuple(tensors[name].shape) != tuple(shape):
+            raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, "
+                             f"expected {tuple(shape)}")
+    return dict(variant=variant, scoring=scoring, integrator=integrator, steps=steps,
+                B=B, T=T, D=D, H=H, d=D // H, m=m, layer_index=layer)
+
+
+# ----------------------------------------------------------------------------
+# Dynamics
+# ----------------------------------------------------------------------------
+
+def grad_V(q, dyn):
+    """gradV(q) = W^T (a * tanh(W q + b)) for every vector q[..., :] (shape [..., d])."""
+    # q @ W^T computes W q for each vector: [..., d] x [d, m] -> [..., m].
+    return (dyn["a"] * torch.tanh(q @ dyn["W"].T + dyn["b"])) @ dyn["W"]
+
+
+def grad_T(k, dyn):
+    """gradT(k) = U^T (c * tanh(U k + e)) for every vector k[..., :] (shape [..., d])."""
+    return (dyn["c"] * torch.tanh(k @ dyn["U"].T + dyn["e"])) @ dyn["U"]
+
+
+def step_sizes(rho, steps):
+    """Per-head step size h = softplus(rho) / steps, shape [H]."""
+    return F.softplus(rho) / steps
+
+
+def integrate(q, k, dyn, integrator, steps, h):
+    """Evolve (q, k) for `steps` steps.
+
+    q, k: [B, T, H, d]; h: per-head step size [H] (may be negative, to run backwards).
+    dyn:  dict of dynamics tensors with the "dyn." prefix stripped.
+    """
+    if integrator is None:
+        return q, k
+    h = h.reshape(-1, 1)  # [H, 1] broadcasts over [B, T, H, d]
+    for _ in range(steps):
+        if integrator == "leapfrog":
+            # kick - drift - kick
+            k = k - (h / 2) * grad_V(q, dyn)
+            q = q + h * grad_T(k, dyn)
+            k = k - (h / 2) * grad_V(q, dyn)
+        elif integrator == "euler":
+            # simultaneous update: both right-hand sides use the old (q, k)
+            q, k = q + h * grad_T(k, dyn), k - h * grad_V(q, dyn)
+        elif integrator == "uncoupled":
+            # q and k each follow their own one-hidden-layer flow, no coupling
+            q = q + h * (torch.tanh(q @ dyn["Pq1"].T + dyn["pq"]) @ dyn["Pq2"].T)
+            k = k + h * (torch.tanh(k @ dyn["Pk1"].T + dyn["pk"]) @ dyn["Pk2"].T)
+        else:
+            raise ValueError(f"unknown integrator {integrator!r}")
+    return q, k
+
+
+def dynamics_tensors(tensors):
+    """The "dyn.*" tensors of a case, keyed without the prefix."""
+    return {name[4:]: value for name, value in tensors.items() if name.startswith("dyn.")}
+
+
+# ----------------------------------------------------------------------------
+# Scoring
+# ----------------------------------------------------------------------------
+
+def causal_softmax(q, k):
+    """Causal attention probabilities.
+
+    q, k: [B, heads, T, d] -> P [B, heads, T, T] with P[..., i, j] = 0 for j > i.
+    """
+    d, T = q.shape[-1], q.shape[-2]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # True where j > i
+    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+
+
+def softmax_attention(Q, K, V):
+    """Standard causal attention per head. Q, K, V: [B, T, H, d] -> O [B, T, H*d]."""
+    B, T, H, d = Q.shape
+    heads_first = lambda X: X.transpose(1, 2)  # [B, T, H, d] -> [B, H, T, d]
+    P = causal_softmax(heads_first(Q), heads_first(K))  # [B, H, T, T]
+    O = P @ heads_first(V)  # [B, H, T, d]
+    return O.transpose(1, 2).reshape(B, T, H * d)
+
+
+def differential_attention(Q, K, V, tensors, layer_index):
+    """Differential causal attention. Q, K, V: [B, T, H, d] with H even -> O [B, T, H*d].
+
+    Differential head g pairs sub-heads 2g (Q1, K1) and 2g+1 (Q2, K2) and reads the
+    value channels [g*2d, (g+1)*2d).
+    """
+    B, T, H, d = Q.shape
+    G = H // 2
+    # [B, T, H, d] -> [B, T, G, 2, d]: index 0 / 1 of dim 3 is sub-head 2g / 2g+1.
+    Qp, Kp = Q.reshape(B, T, G, 2, d), K.reshape(B, T, G, 2, d)
+    Q1, Q2 = Qp[:, :, :, 0].transpose(1, 2), Qp[:, :, :, 1].transpose(1, 2)  # [B, G, T, d]
+    K1, K2 = Kp[:, :, :, 0].transpose(1, 2), Kp[:, :, :, 1].transpose(1, 2)
+    Vg = V.reshape(B, T, G, 2 * d).transpose(1, 2)  # [B, G, T, 2d]
+
+    lam_init = lambda_init(layer_index)
+    lam = (torch.exp(torch.sum(tensors["lq1"] * tensors["lk1"]))
+           - torch.exp(torch.sum(tensors["lq2"] * tensors["lk2"])) + lam_init)
+    A = causal_softmax(Q1, K1) - lam * causal_softmax(Q2, K2)  # [B, G, T, T]
+    Og = A @ Vg  # [B, G, T, 2d]
+    # RMS-normalise each head's 2d channels per token, then scale.
+    Ng = Og / torch.sqrt(torch.mean(Og ** 2, dim=-1, keepdim=True) + RMS_EPS)
+    Ng = Ng * tensors["subln"] * (1 - lam_init)
+    return Ng.transpose(1, 2).reshape(B, T, H * d)
+
+
+# ----------------------------------------------------------------------------
+# The layer
+# ----------------------------------------------------------------------------
+
+def forward(tensors, meta):
+    """y [B, T, D] of the layer. tensors: dict name -> torch tensor; meta: string metadata."""
+    cfg = config_from(tensors, meta)
+    B, T, D, H, d = cfg["B"], cfg["T"], cfg["D"], cfg["H"], cfg["d"]
+    x = tensors["x"]
+    Q = (x @ tensors["wq"]).reshape(B, T, H, d)
+    K = (x @ tensors["wk"]).reshape(B, T, H, d)
+    V = (x @ tensors["wv"]).reshape(B, T, H, d)
+
+    if cfg["integrator"] is not None:
+        h = step_sizes(tensors["dyn.rho"], cfg["steps"])
+        Q, K = integrate(Q, K, dynamics_tensors(tensors), cfg["integrator"], cfg["steps"], h)
+
+    if cfg["scoring"] == "softmax":
+        O = softmax_attention(Q, K, V)
+    else:
+        O = differential_attention(Q, K, V, tensors, cfg["layer_index"])
+    return O @ tensors["wo"]
+
+
+def forward_and_grads(arrays, meta, dtype=torch.float64):
+    """Reference outputs for a case.
+
+    arrays: dict name -> numpy array (must include "dy"); computed in `dtype`.
+    Returns dict name -> numpy array: "y" and "grad.<name>" for every input except
+    "dy", the gradients of the scalar loss sum(y * dy).
+    """
+    leaves = {name: torch.tensor(value, dtype=dtype, requires_grad=(name != "dy"))
+              for name, value in arrays.items()}
+    y = forward(leaves, meta)
+    loss = torch.sum(y * leaves["dy"])
+    names = [name for name in leaves if name != "dy"]
+    grads = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
+    result = {"y": y.detach().numpy()}
+    for name, grad in zip(names, grads):
+        # A tensor the loss does not depend on has zero gradient.
+        grad = torch.zeros_like(leaves[name]) if grad is None else grad
+        result["grad." + name] = grad.detach().numpy()
+    return result
