@@ -237,6 +237,8 @@ def run_all(args):
         if tempdir is not None:
             tempdir.cleanup()
 
+    if n_fail and tempdir is not None:
+        print("(rerun with --workdir DIR to keep the case and output files)")
     print(f"{n_pass} passed, {n_fail} failed")
     return 1 if n_fail else 0
 

@@ -1,0 +1,262 @@
+// coupledqk-layer: one attention layer's forward and backward on a case read from a safetensors file.
+//
+//     coupledqk-layer INPUT.safetensors OUTPUT.safetensors [--recompute]
+//
+// INPUT holds x and dy [B, T, D], the layer's parameters (wq, wk, wv, wo [D, D] stored [in, out],
+// dyn.* and the scoring's tensors, exactly the names and shapes of the variant's parameters()),
+// all of one dtype, F32 (run in float) or F64 (run in double), and string metadata:
+//
+//     attention    variant name (standard, leapfrog, euler, uncoupled, diff, diff-leapfrog, ...)
+//     steps        integration steps, 1..7
+//     heads        H, query/key pairs per token
+//     m            dynamics hidden width (optional; 0 or absent means D/H)
+//     layer_index  0-based layer index (differential lambda_init)
+//
+// OUTPUT receives y [B, T, D], grad.x [B, T, D] and grad.<name> for every parameter: the gradients
+// of sum(y * dy). Same dtype as the input; metadata copied from the input. OUTPUT is replaced
+// atomically and only on success. Exit status: 0 success, 1 error, 2 usage error.
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <coupledqk/io/safetensors.hpp>
+#include <coupledqk/registry.hpp>
+
+namespace {
+
+namespace io = coupledqk::io;
+
+const char* const usage_text =
+    "usage: coupledqk-layer INPUT.safetensors OUTPUT.safetensors [--recompute]\n"
+    "\n"
+    "Runs one coupledqk attention layer forward and backward on the case in INPUT and writes\n"
+    "y and the gradients of sum(y * dy) to OUTPUT.\n"
+    "\n"
+    "INPUT tensors (all F32 or all F64; F32 runs in float, F64 in double):\n"
+    "  x, dy            [B, T, D]\n"
+    "  wq, wk, wv, wo   [D, D], stored [in, out]\n"
+    "  dyn.*            dynamics parameters of the variant (none for standard and diff)\n"
+    "  lq1, lk1, lq2, lk2 [d], subln [2d]   differential variants only (d = D/H)\n"
+    "INPUT metadata (string values):\n"
+    "  attention    standard | leapfrog | euler | uncoupled | diff | diff-leapfrog | diff-euler |\n"
+    "               diff-uncoupled\n"
+    "  steps        integration steps, 1..7\n"
+    "  heads        H (D must be divisible by H; even for the differential variants)\n"
+    "  m            dynamics hidden width (optional; 0 or absent: D/H)\n"
+    "  layer_index  0-based layer index\n"
+    "OUTPUT tensors: y, grad.x [B, T, D] and grad.<name> for every parameter; same dtype,\n"
+    "metadata copied from INPUT. OUTPUT is written atomically, and left untouched on error.\n"
+    "\n"
+    "options:\n"
+    "  --recompute  rebuild the dynamics' states in backward instead of storing them\n"
+    "               (reversible integrators only: leapfrog, diff-leapfrog, and the variants\n"
+    "               without dynamics)\n"
+    "  -h, --help   show this help\n"
+    "\n"
+    "exit status: 0 success, 1 error, 2 usage error\n";
+
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct options {
+  std::string input, output;
+  bool recompute = false;
+  bool help = false;
+};
+
+options parse_arguments(int argc, char** argv) {
+  options o;
+  std::vector<std::string> positional;
+  bool only_positional = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (!only_positional && a == "--") {
+      only_positional = true;
+    } else if (!only_positional && (a == "-h" || a == "--help")) {
+      o.help = true;
+    } else if (!only_positional && a == "--recompute") {
+      o.recompute = true;
+    } else if (!only_positional && a.size() > 1 && a[0] == '-') {
+      throw usage_error("unknown option '" + a + "'; accepted: --recompute, --help");
+    } else {
+      positional.push_back(a);
+    }
+  }
+  if (o.help) return o;
+  if (positional.size() != 2)
+    throw usage_error("expected 2 arguments, INPUT and OUTPUT; got " + std::to_string(positional.size()));
+  o.input = positional[0];
+  o.output = positional[1];
+  return o;
+}
+
+/// A metadata integer: optional '-', then decimal digits only, within [lo, hi].
+long long metadata_integer(const io::file& f, const std::string& key, const std::string* value,
+                           long long lo, long long hi, const std::string& accepted) {
+  const std::string where = "'" + f.source + "': metadata '" + key + "'";
+  if (!value) {
+    std::vector<std::string> keys;
+    for (const auto& kv : f.metadata) keys.push_back(kv.first);
+    throw coupledqk::io_error(where + " is missing; expected " + accepted +
+                              " (metadata keys present: " + coupledqk::join(keys) + ")");
+  }
+  const std::string& s = *value;
+  std::size_t i = (!s.empty() && s[0] == '-') ? 1 : 0;
+  bool ok = i < s.size();
+  for (std::size_t j = i; ok && j < s.size(); ++j) ok = s[j] >= '0' && s[j] <= '9';
+  long long v = 0;
+  if (ok) {
+    errno = 0;
+    char* end = nullptr;
+    v = std::strtoll(s.c_str(), &end, 10);
+    ok = errno == 0 && end == s.c_str() + s.size();
+  }
+  if (!ok)
+    throw coupledqk::io_error(where + " is \"" + s + "\", which is not an integer; expected " + accepted);
+  if (v < lo || v > hi)
+    throw coupledqk::io_error(where + " is " + s + "; expected " + accepted);
+  return v;
+}
+
+struct case_settings {
+  std::string attention;
+  int steps = 0;
+  coupledqk::Index heads = 0, hidden = 0;
+  int layer_index = 0;
+};
+
+case_settings read_settings(const io::file& f) {
+  case_settings c;
+  const std::string* attention = f.find_meta("attention");
+  if (!attention) {
+    std::vector<std::string> keys;
+    for (const auto& kv : f.metadata) keys.push_back(kv.first);
+    throw coupledqk::io_error("'" + f.source + "': metadata 'attention' is missing; expected one of " +
+                              coupledqk::join(coupledqk::attention_names()) +
+                              " (metadata keys present: " + coupledqk::join(keys) + ")");
+  }
+  c.attention = *attention;
+  const long long int_max = std::numeric_limits<int>::max();
+  c.steps = static_cast<int>(metadata_integer(
+      f, "steps", f.find_meta("steps"), 1, coupledqk::max_steps,
+      "an integer in 1.." + std::to_string(coupledqk::max_steps)));
+  c.heads = static_cast<coupledqk::Index>(
+      metadata_integer(f, "heads", f.find_meta("heads"), 1, int_max, "a positive integer (H)"));
+  const std::string* m = f.find_meta("m");
+  c.hidden = m ? static_cast<coupledqk::Index>(metadata_integer(
+                     f, "m", m, 0, int_max, "an integer >= 0 (dynamics hidden width; 0 means D/H)"))
+               : 0;
+  c.layer_index = static_cast<int>(metadata_integer(f, "layer_index", f.find_meta("layer_index"), 0,
+                                                    int_max, "an integer >= 0"));
+  return c;
+}
+
+/// [B, T, D] of x (and dy), checked.
+std::vector<std::int64_t> activation_shape(const io::file& f) {
+  const io::tensor& x = f.at("x");
+  if (x.shape.size() != 3 || x.numel() == 0)
+    throw coupledqk::io_error("'" + f.source + "': tensor 'x' has shape " + io::detail::format_shape(x.shape) +
+                              "; expected [B, T, D] with B, T, D > 0");
+  const io::tensor& dy = f.at("dy");
+  if (dy.shape != x.shape)
+    throw coupledqk::io_error("'" + f.source + "': tensor 'dy' has shape " +
+                              io::detail::format_shape(dy.shape) + "; expected " +
+                              io::detail::format_shape(x.shape) + ", the shape of x");
+  return x.shape;
+}
+
+template <class S>
+void run(const io::file& in, const case_settings& settings, bool recompute, const std::string& output) {
+  using coupledqk::Index;
+  const std::vector<std::int64_t> shape = activation_shape(in);
+  const Index B = static_cast<Index>(shape[0]), T = static_cast<Index>(shape[1]),
+              D = static_cast<Index>(shape[2]);
+
+  coupledqk::AttentionConfig config;
+  config.dim = D;
+  config.heads = settings.heads;
+  config.hidden = settings.hidden;
+  config.layer_index = settings.layer_index;
+  config.memory = recompute ? coupledqk::DynamicsMemory::recompute : coupledqk::DynamicsMemory::store;
+  auto layer = coupledqk::make_attention<S>(settings.attention, settings.steps, config, 0);
+
+  // The file must hold exactly x, dy and the variant's parameters.
+  const std::vector<coupledqk::TensorView<S>> params = layer->parameters();
+  std::vector<std::string> accepted{"x", "dy"};
+  for (const auto& v : params) accepted.push_back(v.name);
+  const std::set<std::string> accepted_set(accepted.begin(), accepted.end());
+  std::vector<std::string> extra;
+  for (const auto& t : in.tensors)
+    if (!accepted_set.count(t.name)) extra.push_back(t.name);
+  if (!extra.empty())
+    throw coupledqk::io_error("'" + in.source + "': unexpected tensor" + (extra.size() > 1 ? "s " : " ") +
+                              coupledqk::join(extra) + " for attention '" + settings.attention +
+                              "'; accepted: " + coupledqk::join(accepted));
+  io::load_into(in, params);
+  layer->check_parameters();
+
+  coupledqk::Matrix<S> x(B * T, D), dy(B * T, D);
+  in.at("x").copy_to(x.data(), static_cast<std::size_t>(x.size()));
+  in.at("dy").copy_to(dy.data(), static_cast<std::size_t>(dy.size()));
+
+  const coupledqk::Matrix<S> y = layer->forward(x, B);
+  layer->zero_gradients();
+  const coupledqk::Matrix<S> dx = layer->backward(dy);
+
+  io::file out;
+  out.metadata = in.metadata;
+  out.tensors.push_back(io::tensor::from<S>("y", shape, y.data()));
+  out.tensors.push_back(io::tensor::from<S>("grad.x", shape, dx.data()));
+  for (const auto& g : layer->gradients()) out.tensors.push_back(io::from_view(g, "grad." + g.name));
+  io::write(output, out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options opts;
+  try {
+    opts = parse_arguments(argc, argv);
+  } catch (const usage_error& e) {
+    std::cerr << "coupledqk-layer: error: " << e.what() << "\n\n" << usage_text;
+    return 2;
+  }
+  if (opts.help) {
+    std::cout << usage_text;
+    return 0;
+  }
+  try {
+    const io::file in = io::read(opts.input);
+    const case_settings settings = read_settings(in);
+    // One dtype for every tensor: F32 (float) or F64 (double).
+    const io::tensor& x = in.at("x");
+    if (x.type != io::dtype::F32 && x.type != io::dtype::F64)
+      throw coupledqk::io_error("'" + in.source + "': tensor 'x' has dtype " + io::to_string(x.type) +
+                                "; expected F32 or F64");
+    for (const auto& t : in.tensors)
+      if (t.type != x.type)
+        throw coupledqk::io_error("'" + in.source + "': tensor '" + t.name + "' has dtype " +
+                                  io::to_string(t.type) + " but 'x' has " + io::to_string(x.type) +
+                                  "; all tensors must share one dtype (F32 or F64)");
+    if (x.type == io::dtype::F64)
+      run<double>(in, settings, opts.recompute, opts.output);
+    else
+      run<float>(in, settings, opts.recompute, opts.output);
+  } catch (const coupledqk::invalid_argument& e) {
+    std::cerr << "coupledqk-layer: error: " << opts.input << ": " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "coupledqk-layer: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,82 @@
+// The policy lists every typed test runs over. A new integrator is tested by adding it here.
+#pragma once
+
+#include <tuple>
+
+#include <coupledqk/coupledqk.hpp>
+
+namespace cqk_test {
+
+using namespace coupledqk;
+
+using Integrators = std::tuple<Identity,                                          //
+                               Leapfrog<1>, Leapfrog<2>, Leapfrog<3>, Leapfrog<7>,  //
+                               Euler<1>, Euler<2>, Euler<3>, Euler<7>,              //
+                               Uncoupled<1>, Uncoupled<2>, Uncoupled<3>, Uncoupled<7>>;
+
+using Scorings = std::tuple<Softmax, Differential>;
+
+/// One layer configuration under test.
+template <class I, class Sc, DynamicsMemory M = DynamicsMemory::store>
+struct Variant {
+  using integrator = I;
+  using scoring = Sc;
+  static constexpr DynamicsMemory memory = M;
+};
+
+// Cartesian product of the two lists, as a std::tuple of Variant<I, Sc>.
+template <class I, class Scs>
+struct with_scorings;
+template <class I, class... Sc>
+struct with_scorings<I, std::tuple<Sc...>> {
+  using type = std::tuple<Variant<I, Sc>...>;
+};
+template <class Is, class Scs>
+struct cross;
+template <class... I, class Scs>
+struct cross<std::tuple<I...>, Scs> {
+  using type = decltype(std::tuple_cat(std::declval<typename with_scorings<I, Scs>::type>()...));
+};
+
+/// Every integrator with every scoring, plus the reversible (recompute) mode of Leapfrog.
+using Variants = decltype(std::tuple_cat(
+    std::declval<cross<Integrators, Scorings>::type>(),
+    std::declval<std::tuple<Variant<Leapfrog<1>, Softmax, DynamicsMemory::recompute>,
+                            Variant<Leapfrog<3>, Softmax, DynamicsMemory::recompute>,
+                            Variant<Leapfrog<7>, Differential, DynamicsMemory::recompute>>>()));
+
+/// Adds N(0, stddev^2) noise to every parameter, so no gradient is trivially zero.
+template <class Params>
+void perturb(Params& p, Rng& rng, double stddev) {
+  p.visit([&](const char*, auto& t) {
+    for (Index i = 0; i < t.size(); ++i) t.data()[i] += static_cast<typename std::decay_t<decltype(t)>::Scalar>(stddev * rng.normal());
+  });
+}
+
+/// A small layer with O(1) random parameters (every dynamics term active).
+template <class S, class V>
+Attention<S, typename V::integrator, typename V::scoring> random_layer(Index dim, Index heads, Index hidden,
+                                                                       std::uint64_t seed, int layer_index = 1) {
+  AttentionConfig cfg;
+  cfg.dim = dim;
+  cfg.heads = heads;
+  cfg.hidden = hidden;
+  cfg.layer_index = layer_index;
+  cfg.init_std = 0.4;
+  cfg.dynamics_init_scale = 0.5;
+  cfg.init_time = 0.8;
+  cfg.memory = V::memory;
+  Attention<S, typename V::integrator, typename V::scoring> layer(cfg, seed);
+  Rng rng(seed + 1000);
+  perturb(layer.params, rng, 0.1);
+  return layer;
+}
+
+template <class S>
+Matrix<S> random_matrix(Index rows, Index cols, Rng& rng, double stddev = 1.0) {
+  Matrix<S> m(rows, cols);
+  rng.fill_normal(m, stddev);
+  return m;
+}
+
+}  // namespace cqk_test

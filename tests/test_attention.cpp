@@ -1,0 +1,152 @@
+// Layer-level properties: causality, exact reduction to standard attention at initialisation,
+// float against double, recompute against store, parameter counts, the registry.
+#include <doctest/doctest.h>
+
+#include <coupledqk/testing/gradcheck.hpp>
+
+#include "policies.hpp"
+
+using namespace cqk_test;
+
+namespace {
+constexpr Index kB = 2, kT = 6, kD = 16, kH = 4, kM = 8;
+
+// The standard (Identity) layer with the same scoring as V.
+template <class V>
+using Baseline = Attention<double, Identity, typename V::scoring>;
+}  // namespace
+
+TEST_CASE_TEMPLATE_DEFINE("causality: outputs at t ignore tokens after t", V, causality_id) {
+  const auto layer = random_layer<double, V>(kD, kH, kM, 3);
+  Rng rng(4);
+  const Matrix<double> x = random_matrix<double>(kB * kT, kD, rng);
+  const Matrix<double> y = layer.forward(x, kB);
+  for (Index t = 0; t < kT - 1; ++t) {
+    Matrix<double> x2 = x;
+    for (Index b = 0; b < kB; ++b) x2.block(b * kT + t + 1, 0, kT - t - 1, kD) = random_matrix<double>(kT - t - 1, kD, rng);
+    const Matrix<double> y2 = layer.forward(x2, kB);
+    for (Index b = 0; b < kB; ++b) {
+      INFO("t = ", t, ", b = ", b);
+      CHECK((y2.block(b * kT, 0, t + 1, kD).array() == y.block(b * kT, 0, t + 1, kD).array()).all());
+      CHECK((y2.block(b * kT + t + 1, 0, kT - t - 1, kD) - y.block(b * kT + t + 1, 0, kT - t - 1, kD)).norm() > 0);
+    }
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(causality_id, Variants);
+
+TEST_CASE_TEMPLATE_DEFINE("zero-initialised dynamics reproduce standard attention bit for bit", V, zero_id) {
+  AttentionConfig cfg;
+  cfg.dim = kD;
+  cfg.heads = kH;
+  cfg.hidden = kM;
+  cfg.layer_index = 2;
+  cfg.init_std = 0.3;
+  cfg.memory = V::memory;  // dynamics_init_scale = 0: the spec's initialisation
+  Attention<double, typename V::integrator, typename V::scoring> coupled(cfg, 5);
+  Baseline<V> standard(cfg, 6);
+  // Same projections and scoring parameters; the dynamics keep their (random W, U, P*1) init.
+  standard.params.wq = coupled.params.wq;
+  standard.params.wk = coupled.params.wk;
+  standard.params.wv = coupled.params.wv;
+  standard.params.wo = coupled.params.wo;
+  standard.params.score = coupled.params.score;
+  Rng rng(7);
+  const Matrix<double> x = random_matrix<double>(kB * kT, kD, rng), dy = random_matrix<double>(kB * kT, kD, rng);
+  typename decltype(coupled)::Context cc;
+  typename Baseline<V>::Context sc;
+  const Matrix<double> yc = coupled.forward(x, kB, &cc), ys = standard.forward(x, kB, &sc);
+  CHECK((yc.array() == ys.array()).all());
+  auto gc = coupled.zero_gradients();
+  auto gs = standard.zero_gradients();
+  const Matrix<double> dxc = coupled.backward(cc, dy, gc), dxs = standard.backward(sc, dy, gs);
+  CHECK((dxc.array() == dxs.array()).all());
+  CHECK((gc.wq.array() == gs.wq.array()).all());
+}
+TEST_CASE_TEMPLATE_APPLY(zero_id, Variants);
+
+TEST_CASE_TEMPLATE_DEFINE("float agrees with double to float precision", V, float_id) {
+  const auto ld = random_layer<double, V>(kD, kH, kM, 8);
+  Attention<float, typename V::integrator, typename V::scoring> lf(ld.config(), 0);
+  std::vector<TensorView<double>> pd;
+  std::vector<TensorView<float>> pf;
+  append_views<double>(const_cast<decltype(ld.params)&>(ld.params), "", pd);
+  append_views<float>(lf.params, "", pf);
+  REQUIRE(pd.size() == pf.size());
+  for (std::size_t i = 0; i < pd.size(); ++i)
+    for (Index j = 0; j < pd[i].size(); ++j) pf[i].data[j] = static_cast<float>(pd[i].data[j]);
+  Rng rng(9);
+  const Matrix<double> x = random_matrix<double>(kB * kT, kD, rng), dy = random_matrix<double>(kB * kT, kD, rng);
+  typename std::decay_t<decltype(ld)>::Context cd;
+  typename decltype(lf)::Context cf;
+  const Matrix<double> yd = ld.forward(x, kB, &cd);
+  const Matrix<float> yf = lf.forward(x.cast<float>(), kB, &cf);
+  auto gd = ld.zero_gradients();
+  auto gf = lf.zero_gradients();
+  const Matrix<double> dxd = ld.backward(cd, dy, gd);
+  const Matrix<float> dxf = lf.backward(cf, dy.cast<float>(), gf);
+  // A few hundred float operations deep: allow 200 ulp of the largest entry.
+  const double tol = 200 * std::numeric_limits<float>::epsilon();
+  CHECK(testing::max_relative_error(yf.cast<double>(), yd) <= tol);
+  CHECK(testing::max_relative_error(dxf.cast<double>(), dxd) <= tol);
+}
+TEST_CASE_TEMPLATE_APPLY(float_id, Variants);
+
+TEST_CASE("recompute mode gives the gradients of store mode") {
+  using Store = Variant<Leapfrog<3>, Differential>;
+  using Recompute = Variant<Leapfrog<3>, Differential, DynamicsMemory::recompute>;
+  auto ls = random_layer<double, Store>(kD, kH, kM, 12);
+  auto lr = random_layer<double, Recompute>(kD, kH, kM, 12);
+  Rng rng(13);
+  const Matrix<double> x = random_matrix<double>(kB * kT, kD, rng), dy = random_matrix<double>(kB * kT, kD, rng);
+  decltype(ls)::Context cs;
+  decltype(lr)::Context cr;
+  CHECK((ls.forward(x, kB, &cs).array() == lr.forward(x, kB, &cr).array()).all());
+  CHECK(cr.dynamics.states.empty());  // nothing stored
+  CHECK(cs.dynamics.states.size() == 7);  // 4 kicks + 3 drifts
+  auto gs = ls.zero_gradients();
+  auto gr = lr.zero_gradients();
+  CHECK(testing::max_relative_error(lr.backward(cr, dy, gr), ls.backward(cs, dy, gs)) <= 1e-12);
+  CHECK(testing::max_relative_error(gr.dyn.W, gs.dyn.W) <= 1e-12);
+  CHECK(testing::max_relative_error(gr.rho, gs.rho) <= 1e-12);
+}
+
+TEST_CASE("parameter counts follow the spec") {
+  AttentionConfig cfg;
+  cfg.dim = 512;
+  cfg.heads = 8;  // d = m = 64
+  const auto lf = make_attention<float>("leapfrog", 1, cfg);
+  const auto st = make_attention<float>("standard", 1, cfg);
+  const auto un = make_attention<float>("uncoupled", 1, cfg);
+  CHECK(st->parameter_count() == 4 * 512 * 512);
+  CHECK(st->dynamics_parameter_count() == 0);
+  // 2 (m d + 2 m) + H per layer: 8,456; 8 layers = 67,648 (0.11% of a 60M model)
+  CHECK(lf->dynamics_parameter_count() == 8456);
+  CHECK(8 * lf->dynamics_parameter_count() == 67648);
+  CHECK(lf->parameter_count() == 4 * 512 * 512 + 8456);
+  // Uncoupled: 2 (m/2 d + m/2 + d m/2) + H = 2 m d + m + H = 8,264 (2.3% fewer, see docs/method.md)
+  CHECK(un->dynamics_parameter_count() == 8264);
+  const auto df = make_attention<float>("diff-euler", 2, cfg);
+  CHECK(df->parameter_count() == 4 * 512 * 512 + 8456 + 4 * 64 + 128);
+}
+
+TEST_CASE("registry: every name and step count maps to a working layer") {
+  AttentionConfig cfg;
+  cfg.dim = 8;
+  cfg.heads = 2;
+  Rng rng(1);
+  const Matrix<double> x = random_matrix<double>(3 * 2, 8, rng);
+  for (const auto& name : attention_names())
+    for (int steps = 1; steps <= max_steps; ++steps) {
+      auto layer = make_attention<double>(name, steps, cfg, 1);
+      REQUIRE(layer);
+      CHECK(layer->name() == name);
+      CHECK(layer->steps() == steps);
+      CHECK(layer->forward(x, 3).rows() == 6);
+      CHECK(layer->backward(x).cols() == 8);
+      const bool coupled = name != "standard" && name != "diff";
+      CHECK((layer->dynamics_parameter_count() > 0) == coupled);
+      const auto views = layer->parameters();
+      CHECK(views.size() == layer->gradients().size());
+      CHECK(views.front().name == "wq");
+    }
+}

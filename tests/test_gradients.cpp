@@ -1,0 +1,29 @@
+// Analytic backward vs central differences in double, for the input and every parameter, for every
+// integrator x scoring x step count in tests/policies.hpp.
+#include <doctest/doctest.h>
+
+#include <coupledqk/testing/gradcheck.hpp>
+
+#include "policies.hpp"
+
+using namespace cqk_test;
+
+TEST_CASE_TEMPLATE_DEFINE("layer gradients match central differences (double, rel. err <= 1e-6)", V,
+                          gradients_id) {
+  const Index B = 2, T = 5, D = 12, H = 4, m = 6;
+  auto layer = random_layer<double, V>(D, H, m, 7);
+  Rng rng(11);
+  const Matrix<double> x = random_matrix<double>(B * T, D, rng);
+  const Matrix<double> dy = random_matrix<double>(B * T, D, rng);
+  const auto errors = testing::check_gradients(layer, x, B, dy);
+  // x, wq, wk, wv, wo, then the dynamics (and rho), then the scoring's parameters
+  CHECK(errors.size() == static_cast<std::size_t>(5 + (V::integrator::has_dynamics ? 7 : 0) +
+                                                 (std::is_same_v<typename V::scoring, Differential> ? 5 : 0)));
+  for (const auto& e : errors) {
+    INFO("integrator ", V::integrator::name, "<", V::integrator::steps, ">, scoring ", V::scoring::name,
+         ", memory ", to_string(V::memory), ", tensor ", e.name, ": rel. error ", e.error, ", scale ", e.scale);
+    CHECK(e.scale > 1e-8);  // a zero gradient would pass trivially
+    CHECK(e.error <= 1e-6);
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(gradients_id, Variants);
