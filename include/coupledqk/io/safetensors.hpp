@@ -178,6 +178,23 @@ inline std::string prefix(const std::string& source) {
   return source.empty() ? std::string() : "safetensors file '" + source + "': ";
 }
 
+/// `s` with control characters and non-ASCII bytes written as \xNN (for parser messages that
+/// quote raw bytes of a binary file).
+inline std::string printable(const std::string& s) {
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
 inline bool host_is_little_endian() {
   const std::uint16_t probe = 1;
   unsigned char first = 0;
@@ -447,7 +464,7 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
   try {
     header = json::parse(text, text + header_len, callback);
   } catch (const json::exception& e) {
-    fail(detail::cat("the ", header_len, "-byte header is not valid JSON (", e.what(),
+    fail(detail::cat("the ", header_len, "-byte header is not valid JSON (", detail::printable(e.what()),
                      "); expected a JSON object -- is this a safetensors file?"));
   }
   if (duplicate)
@@ -584,8 +601,9 @@ inline file read(const std::string& path) {
   const std::string where = "cannot read safetensors file '" + path + "': ";
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status))
-    throw io_error(where + "no such file" + (ec ? " (" + ec.message() + ")" : std::string()));
+  if (!std::filesystem::exists(status))
+    throw io_error(where + (ec && ec != std::errc::no_such_file_or_directory ? ec.message()
+                                                                             : std::string("no such file")));
   if (std::filesystem::is_directory(status)) throw io_error(where + "it is a directory, not a file");
   std::FILE* fp = std::fopen(path.c_str(), "rb");
   if (!fp) throw io_error(where + std::strerror(errno));
