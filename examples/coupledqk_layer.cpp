@@ -63,6 +63,15 @@ const char* const usage_text =
     "\n"
     "exit status: 0 success, 1 error, 2 usage error\n";
 
+/// "safetensors file 'PATH': ", the prefix of every message about the input.
+std::string in_file(const std::string& path) { return "safetensors file '" + path + "': "; }
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -100,9 +109,9 @@ options parse_arguments(int argc, char** argv) {
 }
 
 /// A metadata integer: optional '-', then decimal digits only, within [lo, hi].
-long long metadata_integer(const io::file& f, const std::string& key, const std::string* value,
-                           long long lo, long long hi, const std::string& accepted) {
-  const std::string where = "'" + f.source + "': metadata '" + key + "'";
+long long metadata_integer(const io::file& f, const std::string& key, const std::string* value, long long lo,
+                           long long hi, const std::string& accepted) {
+  const std::string where = in_file(f.source) + "metadata '" + key + "'";
   if (!value) {
     std::vector<std::string> keys;
     for (const auto& kv : f.metadata) keys.push_back(kv.first);
@@ -122,8 +131,7 @@ long long metadata_integer(const io::file& f, const std::string& key, const std:
   }
   if (!ok)
     throw coupledqk::io_error(where + " is \"" + s + "\", which is not an integer; expected " + accepted);
-  if (v < lo || v > hi)
-    throw coupledqk::io_error(where + " is " + s + "; expected " + accepted);
+  if (v < lo || v > hi) throw coupledqk::io_error(where + " is " + s + "; expected " + accepted);
   return v;
 }
 
@@ -140,23 +148,22 @@ case_settings read_settings(const io::file& f) {
   if (!attention) {
     std::vector<std::string> keys;
     for (const auto& kv : f.metadata) keys.push_back(kv.first);
-    throw coupledqk::io_error("'" + f.source + "': metadata 'attention' is missing; expected one of " +
+    throw coupledqk::io_error(in_file(f.source) + "metadata 'attention' is missing; expected one of " +
                               coupledqk::join(coupledqk::attention_names()) +
                               " (metadata keys present: " + coupledqk::join(keys) + ")");
   }
   c.attention = *attention;
   const long long int_max = std::numeric_limits<int>::max();
-  c.steps = static_cast<int>(metadata_integer(
-      f, "steps", f.find_meta("steps"), 1, coupledqk::max_steps,
-      "an integer in 1.." + std::to_string(coupledqk::max_steps)));
+  c.steps = static_cast<int>(metadata_integer(f, "steps", f.find_meta("steps"), 1, coupledqk::max_steps,
+                                              "an integer in 1.." + std::to_string(coupledqk::max_steps)));
   c.heads = static_cast<coupledqk::Index>(
       metadata_integer(f, "heads", f.find_meta("heads"), 1, int_max, "a positive integer (H)"));
   const std::string* m = f.find_meta("m");
   c.hidden = m ? static_cast<coupledqk::Index>(metadata_integer(
                      f, "m", m, 0, int_max, "an integer >= 0 (dynamics hidden width; 0 means D/H)"))
                : 0;
-  c.layer_index = static_cast<int>(metadata_integer(f, "layer_index", f.find_meta("layer_index"), 0,
-                                                    int_max, "an integer >= 0"));
+  c.layer_index = static_cast<int>(
+      metadata_integer(f, "layer_index", f.find_meta("layer_index"), 0, int_max, "an integer >= 0"));
   return c;
 }
 
@@ -164,13 +171,12 @@ case_settings read_settings(const io::file& f) {
 std::vector<std::int64_t> activation_shape(const io::file& f) {
   const io::tensor& x = f.at("x");
   if (x.shape.size() != 3 || x.numel() == 0)
-    throw coupledqk::io_error("'" + f.source + "': tensor 'x' has shape " + io::detail::format_shape(x.shape) +
+    throw coupledqk::io_error(in_file(f.source) + "tensor 'x' has shape " + shape_string(x.shape) +
                               "; expected [B, T, D] with B, T, D > 0");
   const io::tensor& dy = f.at("dy");
   if (dy.shape != x.shape)
-    throw coupledqk::io_error("'" + f.source + "': tensor 'dy' has shape " +
-                              io::detail::format_shape(dy.shape) + "; expected " +
-                              io::detail::format_shape(x.shape) + ", the shape of x");
+    throw coupledqk::io_error(in_file(f.source) + "tensor 'dy' has shape " + shape_string(dy.shape) +
+                              "; expected " + shape_string(x.shape) + ", the shape of x");
   return x.shape;
 }
 
@@ -198,7 +204,7 @@ void run(const io::file& in, const case_settings& settings, bool recompute, cons
   for (const auto& t : in.tensors)
     if (!accepted_set.count(t.name)) extra.push_back(t.name);
   if (!extra.empty())
-    throw coupledqk::io_error("'" + in.source + "': unexpected tensor" + (extra.size() > 1 ? "s " : " ") +
+    throw coupledqk::io_error(in_file(in.source) + "unexpected tensor" + (extra.size() > 1 ? "s " : " ") +
                               coupledqk::join(extra) + " for attention '" + settings.attention +
                               "'; accepted: " + coupledqk::join(accepted));
   io::load_into(in, params);
@@ -240,11 +246,11 @@ int main(int argc, char** argv) {
     // One dtype for every tensor: F32 (float) or F64 (double).
     const io::tensor& x = in.at("x");
     if (x.type != io::dtype::F32 && x.type != io::dtype::F64)
-      throw coupledqk::io_error("'" + in.source + "': tensor 'x' has dtype " + io::to_string(x.type) +
+      throw coupledqk::io_error(in_file(in.source) + "tensor 'x' has dtype " + io::to_string(x.type) +
                                 "; expected F32 or F64");
     for (const auto& t : in.tensors)
       if (t.type != x.type)
-        throw coupledqk::io_error("'" + in.source + "': tensor '" + t.name + "' has dtype " +
+        throw coupledqk::io_error(in_file(in.source) + "tensor '" + t.name + "' has dtype " +
                                   io::to_string(t.type) + " but 'x' has " + io::to_string(x.type) +
                                   "; all tensors must share one dtype (F32 or F64)");
     if (x.type == io::dtype::F64)
@@ -252,7 +258,7 @@ int main(int argc, char** argv) {
     else
       run<float>(in, settings, opts.recompute, opts.output);
   } catch (const coupledqk::invalid_argument& e) {
-    std::cerr << "coupledqk-layer: error: " << opts.input << ": " << e.what() << "\n";
+    std::cerr << "coupledqk-layer: error: " << in_file(opts.input) << e.what() << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "coupledqk-layer: error: " << e.what() << "\n";

@@ -84,14 +84,14 @@ bool has(const std::string& message, const std::string& part) {
   return message.find(part) != std::string::npos;
 }
 
-#define CHECK_REJECTED(bytes, ...)                                                  \
-  do {                                                                              \
-    const std::string msg_ = parse_error(bytes);                                    \
-    INFO("message: " << msg_);                                                      \
-    REQUIRE_FALSE(msg_.empty());                                                    \
-    CHECK(has(msg_, "case.safetensors"));                                           \
-    for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__})         \
-      CHECK_MESSAGE(has(msg_, part_), "missing '" << part_ << "' in: " << msg_);    \
+#define CHECK_REJECTED(bytes, ...)                                               \
+  do {                                                                           \
+    const std::string msg_ = parse_error(bytes);                                 \
+    INFO("message: " << msg_);                                                   \
+    REQUIRE_FALSE(msg_.empty());                                                 \
+    CHECK(has(msg_, "case.safetensors"));                                        \
+    for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__})       \
+      CHECK_MESSAGE(has(msg_, part_), "missing '" << part_ << "' in: " << msg_); \
   } while (0)
 
 template <class S>
@@ -100,11 +100,17 @@ bool bit_equal(const std::vector<S>& a, const std::vector<S>& b) {
 }
 
 io::file sample_file() {
-  const std::vector<double> d{1.0, -0.0, std::numeric_limits<double>::denorm_min(),
+  const std::vector<double> d{1.0,
+                              -0.0,
+                              std::numeric_limits<double>::denorm_min(),
                               std::numeric_limits<double>::infinity(),
-                              std::numeric_limits<double>::quiet_NaN(), 1e308, -3.25, 0.1};
-  const std::vector<float> f{0.5f, -1.0f / 3.0f, std::numeric_limits<float>::denorm_min(),
-                             -std::numeric_limits<float>::infinity(), 7.0f, 1e-30f};
+                              std::numeric_limits<double>::quiet_NaN(),
+                              1e308,
+                              -3.25,
+                              0.1};
+  const std::vector<float> f{
+      0.5f, -1.0f / 3.0f, std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::infinity(),
+      7.0f, 1e-30f};
   io::file file;
   file.metadata = {{"attention", "leapfrog"}, {"steps", "3"}, {"note", "unicode \xc3\xa9 \"quoted\""}};
   file.tensors.push_back(io::tensor::from<double>("w.double", {2, 4}, d.data()));
@@ -186,15 +192,14 @@ TEST_CASE("safetensors: byte layout matches a hand-built file") {
   f.tensors.push_back(io::tensor::from<float>("a", {2}, a.data()));
   f.tensors.push_back(io::tensor::from<double>("b", {1, 1}, b.data()));
 
-  std::string header =
-      R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("b":{"dtype":"F64","shape":[1,1],"data_offsets":[8,16]}})";
+  std::string header = R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("b":{"dtype":"F64","shape":[1,1],"data_offsets":[8,16]}})";
   while (header.size() % 8) header += ' ';
   bytes_t expected;
   put_u64(expected, header.size());
   expected.insert(expected.end(), header.begin(), header.end());
-  for (unsigned char c : {0x00, 0x00, 0x80, 0x3f}) expected.push_back(c);  //  1.0f
-  for (unsigned char c : {0x00, 0x00, 0x00, 0xc0}) expected.push_back(c);  // -2.0f
+  for (unsigned char c : {0x00, 0x00, 0x80, 0x3f}) expected.push_back(c);        //  1.0f
+  for (unsigned char c : {0x00, 0x00, 0x00, 0xc0}) expected.push_back(c);        // -2.0f
   for (unsigned char c : {0, 0, 0, 0, 0, 0, 0xe0, 0x3f}) expected.push_back(c);  // 0.5
 
   const bytes_t got = io::serialize(f);
@@ -218,13 +223,12 @@ TEST_CASE("safetensors: BF16 and F16 are widened exactly; integer dtypes are not
   // BF16: 1.0, -2.0, 0.15625; F16: 1.0, -2.0, 2^-24 (smallest subnormal), 65504, inf, 1/3 rounded.
   const bytes_t data{0x80, 0x3f, 0x00, 0xc0, 0x20, 0x3e,                                      // BF16
                      0x00, 0x3c, 0x00, 0xc0, 0x01, 0x00, 0xff, 0x7b, 0x00, 0x7c, 0x55, 0x35,  // F16
-                     1,    0,    0,    0};                                                     // I32
-  const io::file f = io::parse(
-      raw_file(R"({"h":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},)"
-               R"("g":{"dtype":"F16","shape":[2,3],"data_offsets":[6,18]},)"
-               R"("i":{"dtype":"I32","shape":[1],"data_offsets":[18,22]}})",
-               data),
-      "halves");
+                     1,    0,    0,    0};                                                    // I32
+  const io::file f = io::parse(raw_file(R"({"h":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},)"
+                                        R"("g":{"dtype":"F16","shape":[2,3],"data_offsets":[6,18]},)"
+                                        R"("i":{"dtype":"I32","shape":[1],"data_offsets":[18,22]}})",
+                                        data),
+                               "halves");
   CHECK(f.at("h").to_vector<float>() == std::vector<float>{1.0f, -2.0f, 0.15625f});
   const std::vector<double> g = f.at("g").to_vector<double>();
   CHECK(g[0] == 1.0);
@@ -270,9 +274,7 @@ TEST_CASE("safetensors: malformed files are rejected with a clear io_error") {
   const std::string ok_entry = R"("t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
 
   SUBCASE("empty") { CHECK_REJECTED(bytes_t{}, "empty", "0 bytes"); }
-  SUBCASE("shorter than the length field") {
-    CHECK_REJECTED(bytes_t(5, 0x20), "only 5 bytes", "8-byte");
-  }
+  SUBCASE("shorter than the length field") { CHECK_REJECTED(bytes_t(5, 0x20), "only 5 bytes", "8-byte"); }
   SUBCASE("header length larger than the file") {
     bytes_t b;
     put_u64(b, 1000);
@@ -300,9 +302,7 @@ TEST_CASE("safetensors: malformed files are rejected with a clear io_error") {
     CHECK_REJECTED(c, "not valid JSON", "16-byte header");
   }
   SUBCASE("truncated JSON") { CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32")"), "not valid JSON"); }
-  SUBCASE("invalid UTF-8 in the header") {
-    CHECK_REJECTED(raw_file("{\"t\xff\":{}}"), "not valid JSON");
-  }
+  SUBCASE("invalid UTF-8 in the header") { CHECK_REJECTED(raw_file("{\"t\xff\":{}}"), "not valid JSON"); }
   SUBCASE("header not an object") {
     CHECK_REJECTED(raw_file("[1, 2, 3]"), "JSON array", "expected a JSON object");
     CHECK_REJECTED(raw_file("42"), "JSON number", "expected a JSON object");
@@ -319,14 +319,14 @@ TEST_CASE("safetensors: malformed files are rejected with a clear io_error") {
                    "unexpected key \"x\"", "dtype, shape, data_offsets");
   }
   SUBCASE("wrong JSON types") {
-    CHECK_REJECTED(raw_file(R"({"t":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", zeros(8)),
-                   "dtype is 4", "string");
+    CHECK_REJECTED(raw_file(R"({"t":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", zeros(8)), "dtype is 4",
+                   "string");
     CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", zeros(8)),
                    "shape is \"2\"", "array");
-    CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", zeros(8)),
-                   "2.5", "non-negative integers");
-    CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[true],"data_offsets":[0,8]}})", zeros(8)),
-                   "true", "non-negative integers");
+    CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", zeros(8)), "2.5",
+                   "non-negative integers");
+    CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[true],"data_offsets":[0,8]}})", zeros(8)), "true",
+                   "non-negative integers");
     CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", zeros(8)),
                    "data_offsets is [0]", "[begin, end]");
     CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":"0,8"}})", zeros(8)),
@@ -348,8 +348,8 @@ TEST_CASE("safetensors: malformed files are rejected with a clear io_error") {
         "too large");
   }
   SUBCASE("offsets") {
-    CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", zeros(8)),
-                   "[8, 0]", "begin <= end");
+    CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", zeros(8)), "[8, 0]",
+                   "begin <= end");
     CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", zeros(8)),
                    "[4, 12]", "8-byte data buffer");
   }
@@ -386,9 +386,9 @@ TEST_CASE("safetensors: malformed files are rejected with a clear io_error") {
   }
   SUBCASE("duplicate keys") {
     CHECK_REJECTED(raw_file("{" + ok_entry + "," + ok_entry + "}", zeros(8)), "duplicate JSON key 't'");
-    CHECK_REJECTED(raw_file(R"({"t":{"dtype":"F32","dtype":"F64","shape":[2],"data_offsets":[0,8]}})",
-                            zeros(8)),
-                   "duplicate JSON key 'dtype'", "inside 't'");
+    CHECK_REJECTED(
+        raw_file(R"({"t":{"dtype":"F32","dtype":"F64","shape":[2],"data_offsets":[0,8]}})", zeros(8)),
+        "duplicate JSON key 'dtype'", "inside 't'");
     CHECK_REJECTED(raw_file(R"({"__metadata__":{"a":"1","a":"2"}})"), "duplicate JSON key 'a'");
   }
   SUBCASE("the minimal valid files are accepted") {

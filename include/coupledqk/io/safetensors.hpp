@@ -132,19 +132,27 @@ inline dtype parse_dtype(const std::string& name) {
 /// The dtype a C++ element type is stored as (float -> F32, double -> F64, std::int64_t -> I64...).
 template <class S>
 constexpr dtype dtype_of() {
-  static_assert(std::is_same_v<S, double> || std::is_same_v<S, float> ||
-                    std::is_same_v<S, std::int64_t> || std::is_same_v<S, std::int32_t> ||
-                    std::is_same_v<S, std::int16_t> || std::is_same_v<S, std::int8_t> ||
-                    std::is_same_v<S, std::uint8_t> || std::is_same_v<S, bool>,
+  static_assert(std::is_same_v<S, double> || std::is_same_v<S, float> || std::is_same_v<S, std::int64_t> ||
+                    std::is_same_v<S, std::int32_t> || std::is_same_v<S, std::int16_t> ||
+                    std::is_same_v<S, std::int8_t> || std::is_same_v<S, std::uint8_t> ||
+                    std::is_same_v<S, bool>,
                 "coupledqk::io: no safetensors dtype for this element type");
-  if constexpr (std::is_same_v<S, double>) return dtype::F64;
-  else if constexpr (std::is_same_v<S, float>) return dtype::F32;
-  else if constexpr (std::is_same_v<S, std::int64_t>) return dtype::I64;
-  else if constexpr (std::is_same_v<S, std::int32_t>) return dtype::I32;
-  else if constexpr (std::is_same_v<S, std::int16_t>) return dtype::I16;
-  else if constexpr (std::is_same_v<S, std::int8_t>) return dtype::I8;
-  else if constexpr (std::is_same_v<S, std::uint8_t>) return dtype::U8;
-  else return dtype::BOOL;
+  if constexpr (std::is_same_v<S, double>)
+    return dtype::F64;
+  else if constexpr (std::is_same_v<S, float>)
+    return dtype::F32;
+  else if constexpr (std::is_same_v<S, std::int64_t>)
+    return dtype::I64;
+  else if constexpr (std::is_same_v<S, std::int32_t>)
+    return dtype::I32;
+  else if constexpr (std::is_same_v<S, std::int16_t>)
+    return dtype::I16;
+  else if constexpr (std::is_same_v<S, std::int8_t>)
+    return dtype::I8;
+  else if constexpr (std::is_same_v<S, std::uint8_t>)
+    return dtype::U8;
+  else
+    return dtype::BOOL;
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -308,13 +316,14 @@ struct tensor {
         }
         break;
       case dtype::BF16:
-        for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<S>(detail::bf16_to_float(detail::load_u16_le(p + 2 * i)));
+        for (std::size_t i = 0; i < n; ++i)
+          out[i] = static_cast<S>(detail::bf16_to_float(detail::load_u16_le(p + 2 * i)));
         break;
       case dtype::F16:
-        for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<S>(detail::f16_to_float(detail::load_u16_le(p + 2 * i)));
+        for (std::size_t i = 0; i < n; ++i)
+          out[i] = static_cast<S>(detail::f16_to_float(detail::load_u16_le(p + 2 * i)));
         break;
-      default:
-        break;
+      default: break;
     }
   }
 
@@ -367,8 +376,8 @@ struct file {
   /// The tensor called `name`; throws io_error listing the available names otherwise.
   const tensor& at(const std::string& name) const {
     if (const tensor* t = find(name)) return *t;
-    throw io_error(detail::prefix(source) + "no tensor named '" + name + "'; the file holds: " +
-                   detail::join_names(names()));
+    throw io_error(detail::prefix(source) + "no tensor named '" + name +
+                   "'; the file holds: " + detail::join_names(names()));
   }
 
   /// Tensor names in order.
@@ -385,8 +394,8 @@ struct file {
     if (it != metadata.end()) return it->second;
     std::vector<std::string> keys;
     for (const auto& kv : metadata) keys.push_back(kv.first);
-    throw io_error(detail::prefix(source) + "no metadata key '" + key + "'; the file's metadata keys: " +
-                   detail::join_names(keys));
+    throw io_error(detail::prefix(source) + "no metadata key '" + key +
+                   "'; the file's metadata keys: " + detail::join_names(keys));
   }
   /// The metadata value of `key`, or nullptr.
   const std::string* find_meta(const std::string& key) const {
@@ -413,18 +422,21 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
   auto fail = [&](const std::string& msg) -> void { throw io_error(where + msg); };
   const std::uint64_t size = bytes.size();
   if (size == 0)
-    fail("the file is empty (0 bytes); a safetensors file starts with an 8-byte little-endian header "
-         "length, then the JSON header and the data");
+    fail(
+        "the file is empty (0 bytes); a safetensors file starts with an 8-byte little-endian header "
+        "length, then the JSON header and the data");
   if (size < 8)
-    fail(detail::cat("the file is only ", size, " bytes long; a safetensors file starts with an 8-byte "
+    fail(detail::cat("the file is only ", size,
+                     " bytes long; a safetensors file starts with an 8-byte "
                      "little-endian header length"));
   const std::uint64_t header_len = detail::load_u64_le(bytes.data());
   if (header_len > max_header_bytes)
     fail(detail::cat("header length ", header_len, " bytes is larger than the ", max_header_bytes,
                      "-byte (100 MB) limit; the file is corrupt or not a safetensors file"));
   if (header_len > size - 8)
-    fail(detail::cat("header length ", header_len, " bytes is larger than the ", size - 8,
-                     " bytes after the 8-byte length field; the file is truncated or not a safetensors file"));
+    fail(
+        detail::cat("header length ", header_len, " bytes is larger than the ", size - 8,
+                    " bytes after the 8-byte length field; the file is truncated or not a safetensors file"));
   if (header_len == 0) fail("header length is 0; the header must be a JSON object");
 
   // Parse the header, noting the first duplicated key (nlohmann keeps only one of them).
@@ -454,8 +466,7 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
       case json::parse_event_t::object_end:
         if (!frames.empty()) frames.pop_back();
         break;
-      default:
-        break;
+      default: break;
     }
     return true;
   };
@@ -541,7 +552,8 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
       shape.push_back(static_cast<std::int64_t>(v));
     }
     std::uint64_t nbytes = 0;
-    if (!detail::checked_mul(numel, dtype_size(type), nbytes)) fail(t + "shape " + js.dump() + " is too large");
+    if (!detail::checked_mul(numel, dtype_size(type), nbytes))
+      fail(t + "shape " + js.dump() + " is too large");
 
     const json& jo = entry["data_offsets"];
     if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned())
@@ -583,8 +595,8 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
     previous = name;
   }
   if (position != buffer_len)
-    fail(detail::cat("the data buffer is ", buffer_len, " bytes but the tensors use only ", position,
-                     ": ", buffer_len - position,
+    fail(detail::cat("the data buffer is ", buffer_len, " bytes but the tensors use only ", position, ": ",
+                     buffer_len - position,
                      " trailing bytes belong to no tensor (extra data, or a wrong header)"));
 
   out.tensors.reserve(tensors.size());
