@@ -8,6 +8,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -102,49 +104,59 @@ class AttentionModel final : public AnyAttention<S> {
   typename Layer::Context ctx_;
 };
 
+/// A type carried as a value, so a generic lambda can receive policies: `[](auto i, auto s) {
+/// using I = typename decltype(i)::type; ... }`.
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
 namespace detail {
 
-template <class S, template <int> class Integrator, class Scoring, int... N>
-std::unique_ptr<AnyAttention<S>> make_stepped(const std::string& name, int steps,
-                                              const AttentionConfig& config, std::uint64_t seed,
-                                              std::integer_sequence<int, N...>) {
-  std::unique_ptr<AnyAttention<S>> out;
-  ((steps == N + 1
-        ? (out = std::make_unique<AttentionModel<S, Integrator<N + 1>, Scoring>>(name, steps, config, seed),
-           0)
-        : 0),
-   ...);
-  return out;
-}
-
-template <class S, template <int> class Integrator, class Scoring>
-std::unique_ptr<AnyAttention<S>> make_stepped(const std::string& name, int steps,
-                                              const AttentionConfig& config, std::uint64_t seed) {
-  return make_stepped<S, Integrator, Scoring>(name, steps, config, seed,
-                                              std::make_integer_sequence<int, max_steps>{});
+template <template <int> class Integrator, class Scoring, class F, int... N>
+auto with_steps(int steps, F& f, std::integer_sequence<int, N...>) {
+  using R = decltype(f(type_tag<Integrator<1>>{}, type_tag<Scoring>{}));
+  std::optional<R> out;
+  ((steps == N + 1 ? (out.emplace(f(type_tag<Integrator<N + 1>>{}, type_tag<Scoring>{})), 0) : 0), ...);
+  return std::move(*out);
 }
 
 }  // namespace detail
 
-/// The layer named `name` with `steps` integration steps. Throws coupledqk::invalid_argument,
-/// listing what is accepted, for an unknown name or a step count outside 1..max_steps.
-template <class S>
-std::unique_ptr<AnyAttention<S>> make_attention(std::string_view name, int steps,
-                                                const AttentionConfig& config, std::uint64_t seed = 0) {
+/// Checks `name` and `steps`, then calls f(type_tag<Integrator>{}, type_tag<Scoring>{}) with the
+/// compiled policies they name and returns its result (f must return the same non-void type for
+/// every policy pair). The one place that maps names onto
+/// policies: the layer registry below and the model registry use it.
+/// Throws coupledqk::invalid_argument, listing what is accepted, for an unknown name or a step
+/// count outside 1..max_steps.
+template <class F>
+auto with_variant(std::string_view name, int steps, F&& f) {
   const std::string n(name);
   bool known = false;
   for (const auto& v : attention_names()) known = known || v == n;
   require(known, "unknown attention variant '", n, "'; accepted: ", join(attention_names()));
   require(steps >= 1 && steps <= max_steps, "attention '", n, "': steps must be in 1..", max_steps,
           "; got ", steps);
-  if (n == "standard") return std::make_unique<AttentionModel<S, Identity, Softmax>>(n, steps, config, seed);
-  if (n == "diff") return std::make_unique<AttentionModel<S, Identity, Differential>>(n, steps, config, seed);
-  if (n == "leapfrog") return detail::make_stepped<S, Leapfrog, Softmax>(n, steps, config, seed);
-  if (n == "euler") return detail::make_stepped<S, Euler, Softmax>(n, steps, config, seed);
-  if (n == "uncoupled") return detail::make_stepped<S, Uncoupled, Softmax>(n, steps, config, seed);
-  if (n == "diff-leapfrog") return detail::make_stepped<S, Leapfrog, Differential>(n, steps, config, seed);
-  if (n == "diff-euler") return detail::make_stepped<S, Euler, Differential>(n, steps, config, seed);
-  return detail::make_stepped<S, Uncoupled, Differential>(n, steps, config, seed);
+  constexpr auto all = std::make_integer_sequence<int, max_steps>{};
+  if (n == "standard") return f(type_tag<Identity>{}, type_tag<Softmax>{});
+  if (n == "diff") return f(type_tag<Identity>{}, type_tag<Differential>{});
+  if (n == "leapfrog") return detail::with_steps<Leapfrog, Softmax>(steps, f, all);
+  if (n == "euler") return detail::with_steps<Euler, Softmax>(steps, f, all);
+  if (n == "uncoupled") return detail::with_steps<Uncoupled, Softmax>(steps, f, all);
+  if (n == "diff-leapfrog") return detail::with_steps<Leapfrog, Differential>(steps, f, all);
+  if (n == "diff-euler") return detail::with_steps<Euler, Differential>(steps, f, all);
+  return detail::with_steps<Uncoupled, Differential>(steps, f, all);
+}
+
+/// The layer named `name` with `steps` integration steps (see with_variant for the errors).
+template <class S>
+std::unique_ptr<AnyAttention<S>> make_attention(std::string_view name, int steps,
+                                                const AttentionConfig& config, std::uint64_t seed = 0) {
+  return with_variant(name, steps, [&](auto integrator, auto scoring) -> std::unique_ptr<AnyAttention<S>> {
+    using I = typename decltype(integrator)::type;
+    using Sc = typename decltype(scoring)::type;
+    return std::make_unique<AttentionModel<S, I, Sc>>(std::string(name), steps, config, seed);
+  });
 }
 
 }  // namespace coupledqk
