@@ -150,3 +150,23 @@ TEST_CASE("registry: every name and step count maps to a working layer") {
       CHECK(views.front().name == "wq");
     }
 }
+
+TEST_CASE_TEMPLATE_DEFINE("decoding with a KV cache matches the full forward", V, decode_id) {
+  const auto layer = random_layer<double, V>(kD, kH, kM, 14);
+  Rng rng(15);
+  const Matrix<double> x = random_matrix<double>(kB * kT, kD, rng);
+  const Matrix<double> y = layer.forward(x, kB);
+  auto cache = layer.make_cache(kB, kT);
+  for (Index t = 0; t < kT; ++t) {
+    Matrix<double> xt(kB, kD);
+    for (Index b = 0; b < kB; ++b) xt.row(b) = x.row(b * kT + t);
+    const Matrix<double> yt = layer.decode(xt, cache);
+    for (Index b = 0; b < kB; ++b) {
+      INFO("t = ", t, ", b = ", b);
+      CHECK(testing::max_relative_error(yt.row(b), y.row(b * kT + t)) <= 1e-12);
+    }
+  }
+  CHECK(cache.length == kT);
+  CHECK_THROWS_AS(layer.decode(Matrix<double>::Zero(kB, kD), cache), coupledqk::invalid_argument);
+}
+TEST_CASE_TEMPLATE_APPLY(decode_id, Variants);

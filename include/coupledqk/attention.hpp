@@ -219,6 +219,53 @@ class Attention {
     return dx;
   }
 
+  /// Keys and values of the tokens decoded so far, one [capacity, D] block per sequence. The keys
+  /// are the evolved K' (what the scoring reads), so the dynamics run once per token.
+  struct KVCache {
+    Index batch = 0, capacity = 0, length = 0;
+    Matrix<S> keys, values;  // [batch * capacity, D], sequence b at rows [b*capacity, (b+1)*capacity)
+  };
+
+  KVCache make_cache(Index batch, Index capacity) const {
+    require(batch > 0 && capacity > 0, "attention make_cache: batch and capacity must be positive; got batch = ",
+            batch, ", capacity = ", capacity);
+    KVCache c;
+    c.batch = batch;
+    c.capacity = capacity;
+    c.keys.setZero(batch * capacity, config_.dim);
+    c.values.setZero(batch * capacity, config_.dim);
+    return c;
+  }
+
+  /// Incremental decoding: x holds the newest token of each sequence [B, D]; returns its output
+  /// [B, D] and appends its evolved key and its value to the cache. Matches forward() on the
+  /// whole prefix, row for row, to round-off.
+  Matrix<S> decode(const ConstMatrixRef<S>& x, KVCache& cache) const {
+    const Index D = config_.dim, H = config_.heads, d = config_.head_dim(), B = cache.batch;
+    require(x.rows() == B && x.cols() == D, "attention decode: x is [", x.rows(), ", ", x.cols(),
+            "]; expected [", B, ", ", D, "] (one token per cached sequence)");
+    require(cache.length < cache.capacity, "attention decode: the cache is full (capacity ", cache.capacity,
+            " tokens); make a larger cache");
+    require_finite(x, "attention decode: input x");
+    Matrix<S> q = x * params.wq, k = x * params.wk;
+    const Matrix<S> v = x * params.wv;
+    if constexpr (Integrator::has_dynamics) {
+      const Vector<S> tau = pair_times(B);
+      MatrixMap<S> qp(q.data(), B * H, d), kp(k.data(), B * H, d);
+      Integrator::template forward<S>(params.dyn, tau, qp, kp, nullptr, DynamicsMemory::store);
+    }
+    const Index t = cache.length++;
+    Matrix<S> o(B, D);
+    for (Index b = 0; b < B; ++b) {
+      cache.keys.row(b * cache.capacity + t) = k.row(b);
+      cache.values.row(b * cache.capacity + t) = v.row(b);
+      Scoring::template decode<S>(params.score, scoring_shape(1, t + 1), q.row(b),
+                                  cache.keys.block(b * cache.capacity, 0, t + 1, D),
+                                  cache.values.block(b * cache.capacity, 0, t + 1, D), o.row(b));
+    }
+    return o * params.wo;
+  }
+
   /// Integration time of every (token, head) pair, rows ordered (b, t, h): [rows * H].
   Vector<S> pair_times(Index rows) const {
     const Index H = config_.heads;

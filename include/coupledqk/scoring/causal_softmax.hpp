@@ -46,6 +46,19 @@ struct CausalSoftmax {
     }
   }
 
+  /// The last row of P for one new query q [1, d] against all keys so far [t+1, d] (decoding).
+  /// Same operations in the same order as row t of probabilities(), so the result matches it.
+  static void last_row(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, S scale, Vector<S>& p) {
+    p.noalias() = k * q.transpose();
+    const S mx = p.maxCoeff();
+    S sum = 0;
+    for (Index j = 0; j < p.size(); ++j) {
+      p[j] = std::exp(scale * (p[j] - mx));
+      sum += p[j];
+    }
+    p *= S(1) / sum;
+  }
+
   /// Given P and the cotangent dP of P, accumulates (+=) the cotangents of q and k.
   /// dS = P * (dP - rowsum(P * dP)) is formed in place of dP.
   static void backward(const Matrix<S>& P, Matrix<S>& dP, const ConstBlockRef<S>& q,

@@ -117,6 +117,26 @@ struct Differential {
       }
   }
 
+  // One new query per sequence against its cached keys and values (incremental decoding).
+  // q: [1, D] evolved; keys (evolved), values: [t+1, D]; o: [1, D] (=).
+  template <class S>
+  static void decode(const parameters<S>& p, const ScoringShape& sh, const ConstMatrixRef<S>& q,
+                     const ConstBlockRef<S>& keys, const ConstBlockRef<S>& values, MatrixRef<S> o) {
+    const Index d = sh.head_dim, G = sh.heads / 2, n = keys.rows();
+    const S scale = S(1) / std::sqrt(S(d));
+    const S lam = lambda(p, sh.layer_index);
+    const S out_scale = S(1) - S(lambda_init(sh.layer_index));
+    Vector<S> p1, p2;
+    for (Index g = 0; g < G; ++g) {
+      const Index c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
+      CausalSoftmax<S>::last_row(q.block(0, c1, 1, d), keys.block(0, c1, n, d), scale, p1);
+      CausalSoftmax<S>::last_row(q.block(0, c2, 1, d), keys.block(0, c2, n, d), scale, p2);
+      const Matrix<S> av = (p1 - lam * p2).transpose() * values.block(0, cv, n, 2 * d);
+      const S r = S(1) / std::sqrt(av.squaredNorm() / S(2 * d) + S(rms_eps));
+      o.block(0, cv, 1, 2 * d).array() = (out_scale * r) * av.array() * p.subln.transpose().array();
+    }
+  }
+
   template <class S>
   static void backward(const parameters<S>& p, const ScoringShape& sh, const Matrix<S>& q,
                        const Matrix<S>& k, const Matrix<S>& v, const saved<S>& s,

@@ -49,6 +49,20 @@ struct Softmax {
       }
   }
 
+  // One new query per sequence against its cached keys and values (incremental decoding).
+  // q: [1, D] evolved query of the newest token; keys (evolved), values: [t+1, D]; o: [1, D] (=).
+  template <class S>
+  static void decode(const parameters<S>&, const ScoringShape& sh, const ConstMatrixRef<S>& q,
+                     const ConstBlockRef<S>& keys, const ConstBlockRef<S>& values, MatrixRef<S> o) {
+    const Index d = sh.head_dim;
+    const S scale = S(1) / std::sqrt(S(d));
+    Vector<S> p;
+    for (Index h = 0; h < sh.heads; ++h) {
+      CausalSoftmax<S>::last_row(q.block(0, h * d, 1, d), keys.block(0, h * d, keys.rows(), d), scale, p);
+      o.block(0, h * d, 1, d).noalias() = p.transpose() * values.block(0, h * d, values.rows(), d);
+    }
+  }
+
   // d_o: cotangent of o. dq, dk, dv are written (=).
   template <class S>
   static void backward(const parameters<S>&, const ScoringShape& sh, const Matrix<S>& q,
