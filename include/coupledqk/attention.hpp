@@ -78,24 +78,14 @@ class Attention {
   using ScoringParameters = typename Scoring::template parameters<S>;
 
   /// Every learned tensor of the layer. Names as in files: wq, wk, wv, wo, dyn.*, and the scoring's.
-  struct Parameters {
+  struct Parameters : NamedTensors<Parameters> {
     Matrix<S> wq, wk, wv, wo;  // [D, D], stored [in, out]
     Vector<S> rho;             // [H] integration time tau_h = softplus(rho_h); empty for Identity
     DynamicsParameters dyn;
     ScoringParameters score;
 
-    template <class F>
-    void visit(F&& f) {
-      visit_impl(*this, f);
-    }
-    template <class F>
-    void visit(F&& f) const {
-      visit_impl(*this, f);
-    }
-
-   private:
     template <class Self, class F>
-    static void visit_impl(Self& s, F& f) {
+    static void fields(Self& s, F& f) {
       f("wq", s.wq);
       f("wk", s.wk);
       f("wv", s.wv);

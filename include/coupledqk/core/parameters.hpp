@@ -18,6 +18,23 @@
 
 namespace coupledqk {
 
+/// Base of a parameter struct: derive as `struct P : NamedTensors<P>` and list the tensors once in
+///
+///     template <class Self, class F> static void fields(Self& s, F& f) { f("W", s.W); ... }
+///
+/// which serves both the const and the non-const visit().
+template <class Derived>
+struct NamedTensors {
+  template <class F>
+  void visit(F&& f) {
+    Derived::fields(static_cast<Derived&>(*this), f);
+  }
+  template <class F>
+  void visit(F&& f) const {
+    Derived::fields(static_cast<const Derived&>(*this), f);
+  }
+};
+
 /// A parameter set with no tensors (Identity, Softmax).
 template <class S>
 struct EmptyParameters {

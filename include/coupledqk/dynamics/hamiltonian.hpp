@@ -21,7 +21,7 @@ struct DynamicsShape {
 };
 
 template <class S>
-struct HamiltonianParameters {
+struct HamiltonianParameters : NamedTensors<HamiltonianParameters<S>> {
   Matrix<S> W, U;      // [m, d]
   Vector<S> b, a;      // [m]  potential V(q)
   Vector<S> e, c;      // [m]  kinetic T(k)
@@ -40,18 +40,8 @@ struct HamiltonianParameters {
     rng.fill_normal(c, shape.init_scale);
   }
 
-  template <class F>
-  void visit(F&& f) {
-    visit_impl(*this, f);
-  }
-  template <class F>
-  void visit(F&& f) const {
-    visit_impl(*this, f);
-  }
-
- private:
   template <class Self, class F>
-  static void visit_impl(Self& s, F& f) {
+  static void fields(Self& s, F& f) {
     f("W", s.W);
     f("U", s.U);
     f("b", s.b);

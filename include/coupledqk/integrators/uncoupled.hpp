@@ -12,7 +12,7 @@
 namespace coupledqk {
 
 template <class S>
-struct UncoupledParameters {
+struct UncoupledParameters : NamedTensors<UncoupledParameters<S>> {
   Matrix<S> Pq1, Pk1;  // [m/2, d]
   Vector<S> pq, pk;    // [m/2]
   Matrix<S> Pq2, Pk2;  // [d, m/2]
@@ -37,18 +37,8 @@ struct UncoupledParameters {
     rng.fill_normal(Pk2, shape.init_scale);
   }
 
-  template <class F>
-  void visit(F&& f) {
-    visit_impl(*this, f);
-  }
-  template <class F>
-  void visit(F&& f) const {
-    visit_impl(*this, f);
-  }
-
- private:
   template <class Self, class F>
-  static void visit_impl(Self& s, F& f) {
+  static void fields(Self& s, F& f) {
     f("Pq1", s.Pq1);
     f("Pk1", s.Pk1);
     f("pq", s.pq);

@@ -18,22 +18,12 @@
 namespace coupledqk {
 
 template <class S>
-struct DifferentialParameters {
+struct DifferentialParameters : NamedTensors<DifferentialParameters<S>> {
   Vector<S> lq1, lk1, lq2, lk2;  // [d]
   Vector<S> subln;               // [2d]
 
-  template <class F>
-  void visit(F&& f) {
-    visit_impl(*this, f);
-  }
-  template <class F>
-  void visit(F&& f) const {
-    visit_impl(*this, f);
-  }
-
- private:
   template <class Self, class F>
-  static void visit_impl(Self& s, F& f) {
+  static void fields(Self& s, F& f) {
     f("lq1", s.lq1);
     f("lk1", s.lk1);
     f("lq2", s.lq2);
