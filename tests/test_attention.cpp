@@ -170,3 +170,36 @@ TEST_CASE_TEMPLATE_DEFINE("decoding with a KV cache matches the full forward", V
   CHECK_THROWS_AS(layer.decode(Matrix<double>::Zero(kB, kD), cache), coupledqk::invalid_argument);
 }
 TEST_CASE_TEMPLATE_APPLY(decode_id, Variants);
+
+TEST_CASE_TEMPLATE_DEFINE("tiled (flash) scoring kernels agree with the reference path", V, flash_id) {
+  // T = 150: three query/key tiles of 64, the last one partial.
+  const Index B = 2, T = 150;
+  auto fast = random_layer<double, V>(kD, kH, kM, 16);
+  AttentionConfig cfg = fast.config();
+  cfg.reference_kernels = true;
+  Attention<double, typename V::integrator, typename V::scoring> ref(cfg, 0);
+  ref.params = fast.params;
+  Rng rng(17);
+  const Matrix<double> x = random_matrix<double>(B * T, kD, rng), dy = random_matrix<double>(B * T, kD, rng);
+  typename decltype(ref)::Context cf, cr;
+  const Matrix<double> yf = fast.forward(x, B, &cf), yr = ref.forward(x, B, &cr);
+  CHECK(testing::max_relative_error(yf, yr) <= 1e-12);
+  if constexpr (std::is_same_v<typename V::scoring, Softmax>) {
+    CHECK(cf.scoring.probs.empty());  // the fast path keeps log-sum-exps, not probabilities
+    CHECK(cf.scoring.lse.size() == B * kH * T);
+    CHECK(cr.scoring.probs.size() == static_cast<std::size_t>(B * kH));
+  } else {
+    CHECK(cf.scoring.probs1.empty());
+    CHECK(cf.scoring.lse1.size() == B * (kH / 2) * T);
+  }
+  auto gf = fast.zero_gradients();
+  auto gr = ref.zero_gradients();
+  CHECK(testing::max_relative_error(fast.backward(cf, dy, gf), ref.backward(cr, dy, gr)) <= 1e-12);
+  CHECK(testing::max_relative_error(gf.wq, gr.wq) <= 1e-12);
+  CHECK(testing::max_relative_error(gf.wv, gr.wv) <= 1e-12);
+  if constexpr (std::is_same_v<typename V::scoring, Differential>) {
+    CHECK(testing::max_relative_error(gf.score.lq1, gr.score.lq1) <= 1e-10);
+    CHECK(testing::max_relative_error(gf.score.subln, gr.score.subln) <= 1e-12);
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(flash_id, Variants);

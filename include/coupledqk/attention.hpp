@@ -33,6 +33,9 @@ struct AttentionConfig {
   double dynamics_init_scale = 0.0;  ///< std of a, c (P*2 for Uncoupled); 0 = exactly standard at init
   double init_time = 1.0;        ///< integration time tau at init: rho = softplus^-1(init_time)
   DynamicsMemory memory = DynamicsMemory::store;  ///< what the dynamics' backward keeps
+  /// Scoring kernels: false = tiled causal softmax that never forms T x T (scoring/flash_softmax.hpp);
+  /// true = the plain reference path that stores every probability (scoring/causal_softmax.hpp).
+  bool reference_kernels = false;
 
   Index head_dim() const { return heads > 0 ? dim / heads : 0; }
   Index hidden_width() const { return hidden > 0 ? hidden : head_dim(); }
@@ -187,7 +190,7 @@ class Attention {
     const Matrix<S> d_o = dy * params.wo.transpose();
     // scoring: dq, dk are the cotangents of the evolved Q', K'
     Matrix<S> dq, dk, dv;
-    Scoring::template backward<S>(params.score, scoring_shape(c.batch, c.seq), c.q, c.k, c.v,
+    Scoring::template backward<S>(params.score, scoring_shape(c.batch, c.seq), c.q, c.k, c.v, c.o,
                                   c.scoring, d_o, dq, dk, dv, grad.score);
     if constexpr (Integrator::has_dynamics) {
       const Index P = c.batch * c.seq * H;
@@ -271,7 +274,8 @@ class Attention {
 
  private:
   ScoringShape scoring_shape(Index batch, Index seq) const {
-    return ScoringShape{batch, seq, config_.heads, config_.head_dim(), config_.layer_index};
+    return ScoringShape{batch, seq, config_.heads, config_.head_dim(), config_.layer_index,
+                        config_.reference_kernels};
   }
 
   AttentionConfig config_;

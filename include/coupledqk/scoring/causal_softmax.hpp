@@ -23,6 +23,7 @@ struct ScoringShape {
   Index heads = 0;      ///< H (query/key pairs per token)
   Index head_dim = 0;   ///< d
   int layer_index = 0;  ///< 0-based, used by Differential's lambda_init
+  bool reference = false;  ///< true: the plain path (T x T probabilities); false: FlashSoftmax
 };
 
 template <class S>

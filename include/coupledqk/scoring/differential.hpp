@@ -13,7 +13,9 @@
 #include "../core/error.hpp"
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
+#include "../core/parallel.hpp"
 #include "causal_softmax.hpp"
+#include "flash_softmax.hpp"
 
 namespace coupledqk {
 
@@ -39,13 +41,16 @@ struct Differential {
   template <class S>
   using parameters = DifferentialParameters<S>;
 
-  /// Kept for the backward: both probability matrices of every (batch, differential head), the
-  /// un-normalised output A V and its inverse RMS per (row, head), and lambda.
+  /// Kept for the backward: lambda; the un-normalised output A V [B*T, D] and its inverse RMS per
+  /// (row, differential head) [B*T, H/2]. Reference path: both probability matrices of every
+  /// (batch, differential head). Fast path: the two attention outputs P1 V and P2 V [B*T, D] and
+  /// their log-sum-exps [B*H/2, T].
   template <class S>
   struct saved {
     std::vector<Matrix<S>> probs1, probs2;
-    Matrix<S> av;       // [B*T, D]
-    Matrix<S> inv_rms;  // [B*T, H/2]
+    Matrix<S> o1, o2, lse1, lse2;
+    Matrix<S> av;
+    Matrix<S> inv_rms;
     S lambda = 0;
   };
 
@@ -78,7 +83,7 @@ struct Differential {
   template <class S>
   static void forward(const parameters<S>& p, const ScoringShape& sh, const Matrix<S>& q,
                       const Matrix<S>& k, const Matrix<S>& v, Matrix<S>& o, saved<S>* keep) {
-    const Index T = sh.seq, d = sh.head_dim, G = sh.heads / 2;
+    const Index T = sh.seq, d = sh.head_dim, G = sh.heads / 2, BG = sh.batch * G;
     const S scale = S(1) / std::sqrt(S(d));
     const S lam = lambda(p, sh.layer_index);
     const S out_scale = S(1) - S(lambda_init(sh.layer_index));
@@ -86,25 +91,42 @@ struct Differential {
     saved<S> local;
     saved<S>& s = keep ? *keep : local;
     s.lambda = lam;
-    s.probs1.assign(sh.batch * G, Matrix<S>());
-    s.probs2.assign(sh.batch * G, Matrix<S>());
     s.av.resize(q.rows(), q.cols());
     s.inv_rms.resize(q.rows(), G);
-    for (Index b = 0; b < sh.batch; ++b)
-      for (Index g = 0; g < G; ++g) {
-        Matrix<S>& P1 = s.probs1[b * G + g];
-        Matrix<S>& P2 = s.probs2[b * G + g];
-        const Index r0 = b * T, c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
+    if (sh.reference) {
+      s.probs1.assign(BG, Matrix<S>());
+      s.probs2.assign(BG, Matrix<S>());
+    } else {
+      s.o1.resize(q.rows(), q.cols());
+      s.o2.resize(q.rows(), q.cols());
+      s.lse1.resize(BG, T);
+      s.lse2.resize(BG, T);
+    }
+    COUPLEDQK_PARALLEL_FOR
+    for (Index bg = 0; bg < BG; ++bg) {
+      const Index b = bg / G, g = bg % G;
+      const Index r0 = b * T, c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
+      auto av = s.av.block(r0, cv, T, 2 * d);
+      if (sh.reference) {
+        Matrix<S>& P1 = s.probs1[bg];
+        Matrix<S>& P2 = s.probs2[bg];
         CausalSoftmax<S>::probabilities(q.block(r0, c1, T, d), k.block(r0, c1, T, d), scale, P1);
         CausalSoftmax<S>::probabilities(q.block(r0, c2, T, d), k.block(r0, c2, T, d), scale, P2);
-        auto av = s.av.block(r0, cv, T, 2 * d);
         av.noalias() = (P1 - lam * P2) * v.block(r0, cv, T, 2 * d);
-        for (Index i = 0; i < T; ++i) {
-          const S r = S(1) / std::sqrt(av.row(i).squaredNorm() / S(2 * d) + S(rms_eps));
-          s.inv_rms(r0 + i, g) = r;
-          o.block(r0 + i, cv, 1, 2 * d).array() = (out_scale * r) * av.row(i).array() * p.subln.transpose().array();
-        }
+      } else {
+        // A V = P1 V - lambda P2 V: two flash attentions with values of width 2d
+        FlashSoftmax<S>::forward(q.block(r0, c1, T, d), k.block(r0, c1, T, d), v.block(r0, cv, T, 2 * d),
+                                 scale, s.o1.block(r0, cv, T, 2 * d), s.lse1.row(bg).data());
+        FlashSoftmax<S>::forward(q.block(r0, c2, T, d), k.block(r0, c2, T, d), v.block(r0, cv, T, 2 * d),
+                                 scale, s.o2.block(r0, cv, T, 2 * d), s.lse2.row(bg).data());
+        av = s.o1.block(r0, cv, T, 2 * d) - lam * s.o2.block(r0, cv, T, 2 * d);
       }
+      for (Index i = 0; i < T; ++i) {
+        const S r = S(1) / std::sqrt(av.row(i).squaredNorm() / S(2 * d) + S(rms_eps));
+        s.inv_rms(r0 + i, g) = r;
+        o.block(r0 + i, cv, 1, 2 * d).array() = (out_scale * r) * av.row(i).array() * p.subln.transpose().array();
+      }
+    }
   }
 
   // One new query per sequence against its cached keys and values (incremental decoding).
@@ -127,38 +149,45 @@ struct Differential {
     }
   }
 
+  // o: the forward's output (unused: what is needed is in `s`); d_o: its cotangent.
+  // dq, dk, dv are written (=); grad accumulates (+=).
   template <class S>
   static void backward(const parameters<S>& p, const ScoringShape& sh, const Matrix<S>& q,
-                       const Matrix<S>& k, const Matrix<S>& v, const saved<S>& s,
+                       const Matrix<S>& k, const Matrix<S>& v, const Matrix<S>&, const saved<S>& s,
                        const Matrix<S>& d_o, Matrix<S>& dq, Matrix<S>& dk, Matrix<S>& dv,
                        parameters<S>& grad) {
-    const Index T = sh.seq, d = sh.head_dim, G = sh.heads / 2;
+    const Index T = sh.seq, d = sh.head_dim, G = sh.heads / 2, BG = sh.batch * G;
     const S scale = S(1) / std::sqrt(S(d));
     const S lam = s.lambda;
     const S out_scale = S(1) - S(lambda_init(sh.layer_index));
     dq.setZero(q.rows(), q.cols());
     dk.setZero(k.rows(), k.cols());
-    dv.resize(v.rows(), v.cols());
-    S dlambda = 0;
-    Matrix<S> dav(T, 2 * d), dA, dP2;
-    for (Index b = 0; b < sh.batch; ++b)
+    dv.setZero(v.rows(), v.cols());
+    // Through o = out_scale * r * av * subln, r = (mean(av^2) + eps)^(-1/2), row by row, serially
+    // (subln's gradient is a sum over every row).
+    Matrix<S> dav(q.rows(), q.cols());
+    for (Index row = 0; row < q.rows(); ++row)
       for (Index g = 0; g < G; ++g) {
-        const Matrix<S>& P1 = s.probs1[b * G + g];
-        const Matrix<S>& P2 = s.probs2[b * G + g];
+        const Index cv = 2 * g * d;
+        const S r = s.inv_rms(row, g);
+        const auto avr = s.av.block(row, cv, 1, 2 * d).array();
+        const auto doi = d_o.block(row, cv, 1, 2 * d).array();
+        grad.subln.array() += (out_scale * r) * (avr * doi).transpose();
+        const auto gi = (out_scale * doi * p.subln.transpose().array()).eval();
+        const S mean_go = (gi * avr).sum() / S(2 * d);
+        dav.block(row, cv, 1, 2 * d).array() = r * (gi - avr * (r * r * mean_go));
+      }
+    S dlambda = 0;
+    if (sh.reference) {
+      Matrix<S> dA, dP2;
+      for (Index bg = 0; bg < BG; ++bg) {
+        const Index b = bg / G, g = bg % G;
         const Index r0 = b * T, c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
-        const auto av = s.av.block(r0, cv, T, 2 * d);
-        // through  o = out_scale * r * av * subln,  r = (mean(av^2) + eps)^(-1/2)
-        for (Index i = 0; i < T; ++i) {
-          const S r = s.inv_rms(r0 + i, g);
-          const auto doi = d_o.block(r0 + i, cv, 1, 2 * d).array();
-          grad.subln.array() += (out_scale * r) * (av.row(i).array() * doi).transpose();
-          const auto gi = (out_scale * doi * p.subln.transpose().array()).eval();
-          const S mean_go = (gi * av.row(i).array()).sum() / S(2 * d);
-          dav.row(i).array() = r * (gi - av.row(i).array() * (r * r * mean_go));
-        }
-        const auto vb = v.block(r0, cv, T, 2 * d);
-        dv.block(r0, cv, T, 2 * d).noalias() = (P1 - lam * P2).transpose() * dav;
-        dA.noalias() = dav * vb.transpose();
+        const Matrix<S>& P1 = s.probs1[bg];
+        const Matrix<S>& P2 = s.probs2[bg];
+        const auto davb = dav.block(r0, cv, T, 2 * d);
+        dv.block(r0, cv, T, 2 * d).noalias() = (P1 - lam * P2).transpose() * davb;
+        dA.noalias() = davb * v.block(r0, cv, T, 2 * d).transpose();
         dlambda -= (dA.array() * P2.array()).sum();
         dP2 = -lam * dA;
         CausalSoftmax<S>::backward(P1, dA, q.block(r0, c1, T, d), k.block(r0, c1, T, d), scale,
@@ -166,6 +195,24 @@ struct Differential {
         CausalSoftmax<S>::backward(P2, dP2, q.block(r0, c2, T, d), k.block(r0, c2, T, d), scale,
                                    dq.block(r0, c2, T, d), dk.block(r0, c2, T, d));
       }
+    } else {
+      // av = o1 - lambda o2: d o1 = dav, d o2 = -lambda dav, d lambda = -sum(dav * o2)
+      dlambda = -(dav.array() * s.o2.array()).sum();
+      const Matrix<S> do2 = -lam * dav;
+      COUPLEDQK_PARALLEL_FOR
+      for (Index bg = 0; bg < BG; ++bg) {
+        const Index b = bg / G, g = bg % G;
+        const Index r0 = b * T, c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
+        FlashSoftmax<S>::backward(q.block(r0, c1, T, d), k.block(r0, c1, T, d), v.block(r0, cv, T, 2 * d),
+                                  s.o1.block(r0, cv, T, 2 * d), dav.block(r0, cv, T, 2 * d),
+                                  s.lse1.row(bg).data(), scale, dq.block(r0, c1, T, d),
+                                  dk.block(r0, c1, T, d), dv.block(r0, cv, T, 2 * d));
+        FlashSoftmax<S>::backward(q.block(r0, c2, T, d), k.block(r0, c2, T, d), v.block(r0, cv, T, 2 * d),
+                                  s.o2.block(r0, cv, T, 2 * d), do2.block(r0, cv, T, 2 * d),
+                                  s.lse2.row(bg).data(), scale, dq.block(r0, c2, T, d),
+                                  dk.block(r0, c2, T, d), dv.block(r0, cv, T, 2 * d));
+      }
+    }
     const S e1 = std::exp(p.lq1.dot(p.lk1)), e2 = std::exp(p.lq2.dot(p.lk2));
     grad.lq1 += (dlambda * e1) * p.lk1;
     grad.lk1 += (dlambda * e1) * p.lq1;

@@ -8,7 +8,9 @@
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
 #include "../core/error.hpp"
+#include "../core/parallel.hpp"
 #include "causal_softmax.hpp"
+#include "flash_softmax.hpp"
 
 namespace coupledqk {
 
@@ -18,10 +20,13 @@ struct Softmax {
   template <class S>
   using parameters = EmptyParameters<S>;
 
-  /// Kept for the backward: the probabilities of every (batch, head), B*H matrices [T, T].
+  /// Kept for the backward. Reference path: the probabilities of every (batch, head), B*H
+  /// matrices [T, T]. Fast path: the log-sum-exp of every row, [B*H, T] (the output o is the
+  /// layer's, passed back to backward).
   template <class S>
   struct saved {
     std::vector<Matrix<S>> probs;
+    Matrix<S> lse;
   };
 
   static void validate(const ScoringShape&) {}
@@ -35,18 +40,31 @@ struct Softmax {
   template <class S>
   static void forward(const parameters<S>&, const ScoringShape& sh, const Matrix<S>& q,
                       const Matrix<S>& k, const Matrix<S>& v, Matrix<S>& o, saved<S>* keep) {
-    const Index T = sh.seq, d = sh.head_dim;
+    const Index T = sh.seq, d = sh.head_dim, BH = sh.batch * sh.heads;
     const S scale = S(1) / std::sqrt(S(d));
     o.resize(q.rows(), q.cols());
-    if (keep) keep->probs.assign(sh.batch * sh.heads, Matrix<S>());
-    Matrix<S> P;
-    for (Index b = 0; b < sh.batch; ++b)
-      for (Index h = 0; h < sh.heads; ++h) {
-        Matrix<S>& p = keep ? keep->probs[b * sh.heads + h] : P;
-        CausalSoftmax<S>::probabilities(q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
-                                        scale, p);
-        o.block(b * T, h * d, T, d).noalias() = p * v.block(b * T, h * d, T, d);
-      }
+    if (sh.reference) {
+      if (keep) keep->probs.assign(BH, Matrix<S>());
+      Matrix<S> P;
+      for (Index b = 0; b < sh.batch; ++b)
+        for (Index h = 0; h < sh.heads; ++h) {
+          Matrix<S>& p = keep ? keep->probs[b * sh.heads + h] : P;
+          CausalSoftmax<S>::probabilities(q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
+                                          scale, p);
+          o.block(b * T, h * d, T, d).noalias() = p * v.block(b * T, h * d, T, d);
+        }
+      return;
+    }
+    Matrix<S> local;
+    Matrix<S>& lse = keep ? keep->lse : local;
+    lse.resize(BH, T);
+    COUPLEDQK_PARALLEL_FOR
+    for (Index bh = 0; bh < BH; ++bh) {
+      const Index b = bh / sh.heads, h = bh % sh.heads;
+      FlashSoftmax<S>::forward(q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
+                               v.block(b * T, h * d, T, d), scale, o.block(b * T, h * d, T, d),
+                               lse.row(bh).data());
+    }
   }
 
   // One new query per sequence against its cached keys and values (incremental decoding).
@@ -63,27 +81,40 @@ struct Softmax {
     }
   }
 
-  // d_o: cotangent of o. dq, dk, dv are written (=).
+  // o: the forward's output; d_o: its cotangent. dq, dk, dv are written (=).
   template <class S>
   static void backward(const parameters<S>&, const ScoringShape& sh, const Matrix<S>& q,
-                       const Matrix<S>& k, const Matrix<S>& v, const saved<S>& keep,
+                       const Matrix<S>& k, const Matrix<S>& v, const Matrix<S>& o, const saved<S>& keep,
                        const Matrix<S>& d_o, Matrix<S>& dq, Matrix<S>& dk, Matrix<S>& dv,
                        parameters<S>&) {
-    const Index T = sh.seq, d = sh.head_dim;
+    const Index T = sh.seq, d = sh.head_dim, BH = sh.batch * sh.heads;
     const S scale = S(1) / std::sqrt(S(d));
     dq.setZero(q.rows(), q.cols());
     dk.setZero(k.rows(), k.cols());
-    dv.resize(v.rows(), v.cols());
-    Matrix<S> dP;
-    for (Index b = 0; b < sh.batch; ++b)
-      for (Index h = 0; h < sh.heads; ++h) {
-        const Matrix<S>& P = keep.probs[b * sh.heads + h];
-        const auto dob = d_o.block(b * T, h * d, T, d);
-        dv.block(b * T, h * d, T, d).noalias() = P.transpose() * dob;
-        dP.noalias() = dob * v.block(b * T, h * d, T, d).transpose();
-        CausalSoftmax<S>::backward(P, dP, q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
-                                   scale, dq.block(b * T, h * d, T, d), dk.block(b * T, h * d, T, d));
-      }
+    if (sh.reference) {
+      dv.resize(v.rows(), v.cols());
+      Matrix<S> dP;
+      for (Index b = 0; b < sh.batch; ++b)
+        for (Index h = 0; h < sh.heads; ++h) {
+          const Matrix<S>& P = keep.probs[b * sh.heads + h];
+          const auto dob = d_o.block(b * T, h * d, T, d);
+          dv.block(b * T, h * d, T, d).noalias() = P.transpose() * dob;
+          dP.noalias() = dob * v.block(b * T, h * d, T, d).transpose();
+          CausalSoftmax<S>::backward(P, dP, q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
+                                     scale, dq.block(b * T, h * d, T, d), dk.block(b * T, h * d, T, d));
+        }
+      return;
+    }
+    dv.setZero(v.rows(), v.cols());
+    COUPLEDQK_PARALLEL_FOR
+    for (Index bh = 0; bh < BH; ++bh) {
+      const Index b = bh / sh.heads, h = bh % sh.heads;
+      FlashSoftmax<S>::backward(q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
+                                v.block(b * T, h * d, T, d), o.block(b * T, h * d, T, d),
+                                d_o.block(b * T, h * d, T, d), keep.lse.row(bh).data(), scale,
+                                dq.block(b * T, h * d, T, d), dk.block(b * T, h * d, T, d),
+                                dv.block(b * T, h * d, T, d));
+    }
   }
 };
 

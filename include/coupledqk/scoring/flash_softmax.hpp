@@ -1,0 +1,97 @@
+// Causal softmax attention of one head without the T x T matrix: the fast CPU path.
+//
+// Queries and keys are cut into tiles of `tile` rows. For a query tile, key tiles are visited up to
+// the diagonal only (tiles above it are fully masked and skipped); a running row maximum m and sum
+// l (online softmax) rescale the accumulated output. The forward keeps, per row, the log-sum-exp
+// lse = m + log l; the backward rebuilds each probability tile from it, P = exp(s - lse), so only
+// O(T) statistics are stored instead of the T x T probabilities.
+//
+//     q, k: [T, d]   v, o: [T, dv]   lse: [T]
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "../core/types.hpp"
+#include "causal_softmax.hpp"
+
+namespace coupledqk {
+
+template <class S>
+struct FlashSoftmax {
+  static constexpr Index tile = 64;
+
+  /// o (=) and lse (=) for one head.
+  static void forward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
+                      S scale, BlockRef<S> o, S* lse) {
+    const Index T = q.rows(), dv = v.cols();
+    Matrix<S> s(tile, tile), acc(tile, dv);
+    Vector<S> m(tile), l(tile);
+    for (Index i0 = 0; i0 < T; i0 += tile) {
+      const Index bi = std::min(tile, T - i0);
+      m.head(bi).setConstant(-std::numeric_limits<S>::infinity());
+      l.head(bi).setZero();
+      acc.topRows(bi).setZero();
+      for (Index j0 = 0; j0 < i0 + bi; j0 += tile) {
+        const Index bj = std::min(tile, T - j0);
+        auto sb = s.topLeftCorner(bi, bj);
+        sb.noalias() = q.middleRows(i0, bi) * k.middleRows(j0, bj).transpose();
+        for (Index r = 0; r < bi; ++r) {
+          // columns j0 + c > i0 + r are in the future of row i0 + r
+          const Index visible = std::min(bj, i0 + r - j0 + 1);
+          S mx = m[r];
+          for (Index c = 0; c < visible; ++c) mx = std::max(mx, scale * sb(r, c));
+          const S alpha = std::exp(m[r] - mx);  // 0 on the first tile (m = -inf)
+          S sum = 0;
+          for (Index c = 0; c < visible; ++c) {
+            const S e = std::exp(scale * sb(r, c) - mx);
+            sb(r, c) = e;
+            sum += e;
+          }
+          for (Index c = visible; c < bj; ++c) sb(r, c) = S(0);
+          l[r] = l[r] * alpha + sum;
+          m[r] = mx;
+          acc.row(r) *= alpha;
+        }
+        acc.topRows(bi).noalias() += sb * v.middleRows(j0, bj);
+      }
+      for (Index r = 0; r < bi; ++r) {
+        o.row(i0 + r) = acc.row(r) / l[r];
+        lse[i0 + r] = m[r] + std::log(l[r]);
+      }
+    }
+  }
+
+  /// Accumulates (+=) dq, dk, dv of one head from its forward's o and lse and the cotangent d_o.
+  static void backward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
+                       const ConstBlockRef<S>& o, const ConstBlockRef<S>& d_o, const S* lse, S scale,
+                       BlockRef<S> dq, BlockRef<S> dk, BlockRef<S> dv) {
+    const Index T = q.rows();
+    // delta_i = sum_j P_ij dP_ij = d_o_i . o_i
+    const Vector<S> delta = (d_o.array() * o.array()).rowwise().sum().matrix();
+    Matrix<S> p(tile, tile), dp(tile, tile);
+    for (Index i0 = 0; i0 < T; i0 += tile) {
+      const Index bi = std::min(tile, T - i0);
+      for (Index j0 = 0; j0 < i0 + bi; j0 += tile) {
+        const Index bj = std::min(tile, T - j0);
+        auto pb = p.topLeftCorner(bi, bj);
+        auto dpb = dp.topLeftCorner(bi, bj);
+        pb.noalias() = q.middleRows(i0, bi) * k.middleRows(j0, bj).transpose();
+        for (Index r = 0; r < bi; ++r) {
+          const Index visible = std::min(bj, i0 + r - j0 + 1);
+          for (Index c = 0; c < visible; ++c) pb(r, c) = std::exp(scale * pb(r, c) - lse[i0 + r]);
+          for (Index c = visible; c < bj; ++c) pb(r, c) = S(0);
+        }
+        dv.middleRows(j0, bj).noalias() += pb.transpose() * d_o.middleRows(i0, bi);
+        dpb.noalias() = d_o.middleRows(i0, bi) * v.middleRows(j0, bj).transpose();
+        // dS = P * (dP - delta), times the score scale
+        dpb.array() = scale * pb.array() * (dpb.array().colwise() - delta.segment(i0, bi).array());
+        dq.middleRows(i0, bi).noalias() += dpb * k.middleRows(j0, bj);
+        dk.middleRows(j0, bj).noalias() += dpb.transpose() * q.middleRows(i0, bi);
+      }
+    }
+  }
+};
+
+}  // namespace coupledqk
