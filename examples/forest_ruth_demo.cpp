@@ -39,7 +39,9 @@ int main() {
   const cqk::Matrix<float> y = layer.forward(x, 2, &ctx);
   auto grad = layer.zero_gradients();
   const cqk::Matrix<float> dx = layer.backward(ctx, y, grad);
+  std::size_t kept = 0;
+  for (const auto& trace : ctx.dynamics) kept += trace.states.size();
   std::printf("\nforest-ruth<2> attention layer: %ld parameters, |y| = %.4f, |dx| = %.4f, states kept: %zu\n",
-              (long)layer.parameter_count(), y.norm(), dx.norm(), ctx.dynamics.states.size());
+              (long)layer.parameter_count(), y.norm(), dx.norm(), kept);
   return 0;
 }

@@ -27,3 +27,20 @@ TEST_CASE_TEMPLATE_DEFINE("layer gradients match central differences (double, re
   }
 }
 TEST_CASE_TEMPLATE_APPLY(gradients_id, Variants);
+
+// More pairs than one dynamics chunk (Attention::dynamics_chunk = 256): 2 * 40 * 4 = 320 pairs.
+using MultiChunk = std::tuple<Variant<Leapfrog<3>, Softmax>, Variant<Euler<2>, Differential>,
+                              Variant<Uncoupled<1>, Softmax>,
+                              Variant<Leapfrog<2>, Differential, DynamicsMemory::recompute>>;
+TEST_CASE_TEMPLATE_DEFINE("layer gradients across several dynamics chunks", V, chunks_id) {
+  const Index B = 2, T = 40, D = 12, H = 4, m = 6;
+  static_assert(B * T * H > Attention<double, Identity, Softmax>::dynamics_chunk);
+  auto layer = random_layer<double, V>(D, H, m, 8);
+  Rng rng(12);
+  const Matrix<double> x = random_matrix<double>(B * T, D, rng), dy = random_matrix<double>(B * T, D, rng);
+  for (const auto& e : testing::check_gradients(layer, x, B, dy)) {
+    INFO(V::integrator::name, ", tensor ", e.name, ": rel. error ", e.error);
+    CHECK(e.error <= 1e-6);
+  }
+}
+TEST_CASE_TEMPLATE_APPLY(chunks_id, MultiChunk);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "core/parameters.hpp"
 #include "core/random.hpp"
 #include "core/types.hpp"
@@ -108,7 +109,7 @@ class Attention {
     Matrix<S> q, k, v;  // [B*T, D] evolved Q', K' and V          -> scoring backward, recompute mode
     Matrix<S> o;        // [B*T, D] scoring output                -> grad of Wo
     Vector<S> tau;      // [B*T*H] integration time of each pair
-    StateTrace<S> dynamics;  // per-sub-step states (empty in recompute mode)
+    std::vector<StateTrace<S>> dynamics;  // per chunk of pairs: per-sub-step states (empty in recompute mode)
     typename Scoring::template saved<S> scoring;
   };
 
@@ -164,10 +165,21 @@ class Attention {
     c.k.noalias() = x * params.wk;
     c.v.noalias() = x * params.wv;
     if constexpr (Integrator::has_dynamics) {
+      // The pairs are cut into fixed chunks, each integrated over all its sub-steps while it is in
+      // cache, in parallel. The chunk size does not depend on the thread count, so neither do the
+      // results.
       c.tau = pair_times(batch * T);
-      MatrixMap<S> qp(c.q.data(), batch * T * H, d), kp(c.k.data(), batch * T * H, d);
-      Integrator::template forward<S>(params.dyn, c.tau, qp, kp, ctx ? &c.dynamics : nullptr,
-                                      ctx ? config_.memory : DynamicsMemory::store);
+      const Index P = batch * T * H, chunks = (P + dynamics_chunk - 1) / dynamics_chunk;
+      const DynamicsMemory memory = ctx ? config_.memory : DynamicsMemory::store;
+      if (ctx) c.dynamics.assign(static_cast<std::size_t>(chunks), StateTrace<S>());
+      MatrixMap<S> qp(c.q.data(), P, d), kp(c.k.data(), P, d);
+      COUPLEDQK_PARALLEL_FOR
+      for (Index ch = 0; ch < chunks; ++ch) {
+        const Index r0 = ch * dynamics_chunk, n = std::min(dynamics_chunk, P - r0);
+        const Vector<S> tau = c.tau.segment(r0, n);
+        Integrator::template forward<S>(params.dyn, tau, qp.middleRows(r0, n), kp.middleRows(r0, n),
+                                        ctx ? &c.dynamics[static_cast<std::size_t>(ch)] : nullptr, memory);
+      }
     }
     Scoring::template forward<S>(params.score, scoring_shape(batch, T), c.q, c.k, c.v, c.o,
                                  ctx ? &c.scoring : nullptr);
@@ -193,13 +205,28 @@ class Attention {
     Scoring::template backward<S>(params.score, scoring_shape(c.batch, c.seq), c.q, c.k, c.v, c.o,
                                   c.scoring, d_o, dq, dk, dv, grad.score);
     if constexpr (Integrator::has_dynamics) {
-      const Index P = c.batch * c.seq * H;
+      // Chunk by chunk as in forward; each chunk's parameter gradient goes to its own buffer and
+      // the buffers are added in chunk order (deterministic for any thread count).
+      const Index P = c.batch * c.seq * H, chunks = (P + dynamics_chunk - 1) / dynamics_chunk;
+      require(config_.memory == DynamicsMemory::recompute || static_cast<Index>(c.dynamics.size()) == chunks,
+              "attention backward: the context holds ", c.dynamics.size(), " dynamics traces, expected ", chunks);
+      std::vector<DynamicsParameters> partial(static_cast<std::size_t>(chunks), zeros_like(params.dyn));
       Vector<S> dtau = Vector<S>::Zero(P);
+      const StateTrace<S> none;
       MatrixMap<S> dqp(dq.data(), P, d), dkp(dk.data(), P, d);
-      Integrator::template backward<S>(params.dyn, c.tau, c.dynamics,
-                                       ConstMatrixMap<S>(c.q.data(), P, d),
-                                       ConstMatrixMap<S>(c.k.data(), P, d), dqp, dkp, grad.dyn,
-                                       dtau, config_.memory);
+      const ConstMatrixMap<S> qp(c.q.data(), P, d), kp(c.k.data(), P, d);
+      COUPLEDQK_PARALLEL_FOR
+      for (Index ch = 0; ch < chunks; ++ch) {
+        const Index r0 = ch * dynamics_chunk, n = std::min(dynamics_chunk, P - r0);
+        const auto i = static_cast<std::size_t>(ch);
+        const Vector<S> tau = c.tau.segment(r0, n);
+        Vector<S> dtau_chunk = Vector<S>::Zero(n);
+        Integrator::template backward<S>(params.dyn, tau, c.dynamics.empty() ? none : c.dynamics[i],
+                                         qp.middleRows(r0, n), kp.middleRows(r0, n), dqp.middleRows(r0, n),
+                                         dkp.middleRows(r0, n), partial[i], dtau_chunk, config_.memory);
+        dtau.segment(r0, n) = dtau_chunk;
+      }
+      for (const auto& g : partial) add_into(grad.dyn, g);
       // tau_h = softplus(rho_h): d tau / d rho = sigmoid(rho)
       for (Index r = 0; r < P; ++r) grad.rho[r % H] += dtau[r] * sigmoid(params.rho[r % H]);
     }
@@ -271,6 +298,9 @@ class Attention {
   }
 
   Parameters params;
+
+  /// Pairs per dynamics task (see forward): fixed, so results do not depend on the thread count.
+  static constexpr Index dynamics_chunk = 256;
 
  private:
   ScoringShape scoring_shape(Index batch, Index seq) const {

@@ -89,6 +89,15 @@ Params zeros_like(const Params& p) {
   return z;
 }
 
+/// dst += src, tensor by tensor (same parameter type, same shapes).
+template <class Params>
+void add_into(Params& dst, const Params& src) {
+  std::vector<const void*> from;
+  src.visit([&](const char*, const auto& t) { from.push_back(&t); });
+  std::size_t i = 0;
+  dst.visit([&](const char*, auto& t) { t += *static_cast<const std::decay_t<decltype(t)>*>(from[i++]); });
+}
+
 /// Named views of every tensor, each name prefixed with `prefix`.
 template <class S, class Params>
 void append_views(Params& p, const std::string& prefix, std::vector<TensorView<S>>& out) {
