@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""coupledqk against eager PyTorch, in one run, on the same machine and threads.
+
+    bench/peers/side_by_side.py --build build --threads 2 [--out docs/performance.md] [--quick]
+
+Runs coupledqk-bench (Google Benchmark; it also measures the machine's SGEMM peak) and
+torch_layer.py on the same layer shapes, then writes a Markdown report with times, tokens/s,
+ratios and fractions of the measured peak, with the machine, the thread count and the command.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+# (variant, steps) at B=4, T=512, D=512 (the issue's target shape), both passes.
+LAYER_CASES = [("standard", 1), ("leapfrog", 1), ("leapfrog", 3), ("euler", 1), ("uncoupled", 1),
+               ("diff", 1), ("diff-leapfrog", 1)]
+SHAPE = (4, 512, 512)
+# Attention forward at longer sequences (peak fraction target: T >= 512).
+FORWARD_T = [512, 1024]
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def run_bench(binary, threads, pattern, min_time):
+    cmd = [binary, "--threads", str(threads), f"--benchmark_filter={pattern}", "--benchmark_format=json",
+           f"--benchmark_min_time={min_time}"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0 or not out.stdout.strip():
+        sys.exit(f"side_by_side: {' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    data = json.loads(out.stdout)
+    peak = re.search(r"SGEMM peak ([0-9.]+) GFLOP/s", out.stderr)
+    results = {}
+    for b in data["benchmarks"]:
+        results[b["name"].split("/min_time")[0]] = b
+    return results, float(peak.group(1)) if peak else float("nan"), " ".join(cmd)
+
+
+def run_torch(threads, cases, reps):
+    cmd = [sys.executable, os.path.join(HERE, "torch_layer.py"), "--threads", str(threads), "--reps", str(reps)]
+    for c in cases:
+        cmd += ["--case", c]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {(r["variant"], r["steps"], r["T"], r["pass"]): r for r in rows}
+
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "performance.md"))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--min-time", default="1.0")
+    args = ap.parse_args()
+    binary = os.path.join(args.build, "bench", "coupledqk-bench")
+    B, T, D = SHAPE
+
+    names = []
+    for v, s in LAYER_CASES:
+        for p in ("fwd", "fwdbwd"):
+            names.append(f"layer/{v}/{s}/{p}/B{B}/T{T}/D{D}")
+    for t in FORWARD_T:
+        names.append(f"layer/standard/1/fwd/B{B}/T{t}/D{D}")
+        names.append(f"layer/leapfrog/1/fwd/B{B}/T{t}/D{D}")
+    # names hold only [A-Za-z0-9/-]: nothing to escape
+    pattern = "^(sgemm/2048|" + "|".join(sorted(set(names))) + ")"
+    ours, peak, bench_cmd = run_bench(binary, args.threads, pattern, args.min_time)
+    torch_cases = sorted({f"{v}:{s}:{B}:{T}:{D}" for v, s in LAYER_CASES} |
+                         {f"{v}:1:{B}:{t}:{D}" for t in FORWARD_T for v in ("standard", "leapfrog")})
+    theirs = run_torch(args.threads, torch_cases, args.reps)
+
+    def ours_row(v, s, p, t=T):
+        return ours.get(f"layer/{v}/{s}/{p}/B{B}/T{t}/D{D}")
+
+    lines = []
+    lines.append("# CPU performance\n")
+    lines.append(f"Measured {datetime.date.today().isoformat()} on {cpu_name()}, {os.cpu_count()} cores, "
+                 f"{args.threads} threads, by:\n")
+    lines.append("```\n" + " ".join(["bench/peers/side_by_side.py"] + sys.argv[1:]) + "\n```\n")
+    lines.append(f"coupledqk: `{bench_cmd}` (float32, Eigen GEMMs, OpenMP). PyTorch {theirs and next(iter(theirs.values()))['torch']}"
+                 " eager, float32, same threads, the spec's implementation in `tests/parity/reference.py`"
+                 " (Debian's python3-torch with OpenBLAS from libopenblas0-pthread).\n")
+    lines.append(f"Peak: a 2048 x 2048 Eigen SGEMM on the same threads reaches **{peak:.1f} GFLOP/s**; "
+                 "'% peak' is useful GFLOP/s over that (FLOP formulas in `bench/bench_attention.cpp`: causal "
+                 "attention counts only the unmasked half; forward + backward counts 3x the forward).\n")
+    lines.append("The machine is shared and noisy: compare the ratios within one run, not absolute times across runs.\n")
+    lines.append(f"## Attention layer, B={B}, T={T}, D={D}, head size 64\n")
+    lines.append("| variant | steps | pass | coupledqk ms | tokens/s | GFLOP/s | % peak | PyTorch ms | PyTorch / coupledqk |")
+    lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for v, s in LAYER_CASES:
+        for p in ("fwd", "fwdbwd"):
+            o = ours_row(v, s, p)
+            t = theirs.get((v, s, T, p))
+            if not o or not t:
+                continue
+            ms = o["real_time"]
+            lines.append(f"| {v} | {s} | {p} | {ms:.1f} | {o['tokens_per_s']:.0f} | {o['GFLOPS']:.1f} | "
+                         f"{100 * o['peak_frac']:.0f}% | {t['ms']:.1f} | {t['ms'] / ms:.2f}x |")
+    lines.append("")
+    lines.append(f"## Attention forward at longer sequences, B={B}, D={D}\n")
+    lines.append("| variant | T | coupledqk ms | GFLOP/s | % peak | PyTorch ms | PyTorch / coupledqk |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    for t_ in FORWARD_T:
+        for v in ("standard", "leapfrog"):
+            o = ours_row(v, 1, "fwd", t_)
+            t = theirs.get((v, 1, t_, "fwd"))
+            if o and t:
+                lines.append(f"| {v} | {t_} | {o['real_time']:.1f} | {o['GFLOPS']:.1f} | {100 * o['peak_frac']:.0f}% | "
+                             f"{t['ms']:.1f} | {t['ms'] / o['real_time']:.2f}x |")
+    lines.append("")
+    std, lf = ours_row("standard", 1, "fwdbwd"), ours_row("leapfrog", 1, "fwdbwd")
+    tstd, tlf = theirs.get(("standard", 1, T, "fwdbwd")), theirs.get(("leapfrog", 1, T, "fwdbwd"))
+    lines.append("## Against the targets (issue: CPU performance)\n")
+    if std and lf:
+        lines.append(f"- coupled (leapfrog, 1 step) / standard, forward + backward: **{lf['real_time'] / std['real_time']:.2f}x** "
+                     "(target <= 1.10x)")
+    if std and lf and tstd and tlf:
+        lines.append(f"- speed-up over PyTorch eager, forward + backward: standard **{tstd['ms'] / std['real_time']:.2f}x**, "
+                     f"coupled **{tlf['ms'] / lf['real_time']:.2f}x** (target >= 2x)")
+    fw = [ours_row("standard", 1, "fwd", t_) for t_ in FORWARD_T]
+    if all(fw):
+        lines.append("- attention forward, % of SGEMM peak: " +
+                     ", ".join(f"T={t_}: **{100 * r['peak_frac']:.0f}%**" for t_, r in zip(FORWARD_T, fw)) +
+                     " (target >= 50%)")
+    extra = os.path.join(ROOT, "docs", "performance-notes.md")
+    if os.path.exists(extra):
+        lines.append("")
+        with open(extra) as f:
+            lines.append(f.read().rstrip())
+    text = "\n".join(lines) + "\n"
+    with open(args.out, "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""The attention layer in eager PyTorch, timed: the peer of coupledqk-bench's layer cases.
+
+The layer is tests/parity/reference.py (the PyTorch implementation of the method spec that the
+parity test checks coupledqk against), run in float32 on the CPU with the given thread count.
+
+    torch_layer.py --threads 2 --case leapfrog:1:4:512:512 [--case ...] [--reps 5]
+
+A case is variant:steps:B:T:D (head size 64). Prints one JSON object per case and pass
+(fwd, fwdbwd): median milliseconds over the repetitions after one warm-up.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "parity"))
+import reference  # noqa: E402
+
+
+def make_case(variant, steps, B, T, D, generator):
+    H, m = D // 64, 64
+    tensors = {"x": torch.randn(B, T, D, generator=generator)}
+    for name, shape in reference.parameter_shapes(variant, D, H, m).items():
+        scale = 0.02 if name.startswith("w") else 0.1
+        tensors[name] = (scale * torch.randn(*shape, generator=generator)).requires_grad_(True)
+    meta = {"attention": variant, "steps": str(steps), "heads": str(H), "m": str(m), "layer_index": "1"}
+    return tensors, meta
+
+
+def time_ms(fn, reps):
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--case", action="append", required=True, help="variant:steps:B:T:D")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    for case in args.case:
+        variant, steps, B, T, D = case.split(":")
+        steps, B, T, D = int(steps), int(B), int(T), int(D)
+        tensors, meta = make_case(variant, steps, B, T, D, generator)
+        dy = torch.randn(B, T, D, generator=generator)
+
+        def fwd():
+            with torch.no_grad():
+                reference.forward(tensors, meta)
+
+        def fwdbwd():
+            y = reference.forward(tensors, meta)
+            y.backward(dy)
+
+        for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+            ms = time_ms(fn, args.reps)
+            print(json.dumps({"variant": variant, "steps": steps, "B": B, "T": T, "D": D, "pass": name,
+                              "ms": ms, "tokens_per_s": B * T / (ms / 1e3), "threads": args.threads,
+                              "torch": torch.__version__}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
