@@ -1,0 +1,159 @@
+// Plain forward/backward kernels of the GPT's non-attention layers, without a tape.
+//
+// ops.hpp wraps them as tape nodes; code that runs the model step by step without gradients (text
+// generation with a KV cache) can call them directly. Rows are tokens. Under OpenMP the rows are
+// shared among threads, each row computed by one thread in a fixed order, and every reduction
+// across rows (LayerNorm's gain and bias gradients, the loss) runs serially in row order: the
+// results do not depend on the thread count.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../core/parallel.hpp"
+#include "../core/types.hpp"
+
+#ifdef _OPENMP
+/// Rows in parallel (static schedule) when the loop has more than ~32k scalar operations.
+#define COUPLEDQK_PARALLEL_ROWS(work) COUPLEDQK_PRAGMA(omp parallel for schedule(static) if ((work) > 32768))
+#else
+#define COUPLEDQK_PARALLEL_ROWS(work)
+#endif
+
+namespace coupledqk::kernels {
+
+/// LayerNorm epsilon (GPT-2, PyTorch default).
+inline constexpr double layer_norm_eps = 1e-5;
+
+// ---- LayerNorm, per row ---------------------------------------------------------------------
+//
+//   mu = mean(x_r), var = mean((x_r - mu)^2), rstd = 1 / sqrt(var + eps)
+//   y_r = (x_r - mu) * rstd * g + b
+//
+// x, y: [N, D]; g, b: [1, D]. stats (optional, for the backward): [N, 2] = (mu, rstd), written (=).
+template <class S>
+void layer_norm_forward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& g, const ConstMatrixRef<S>& b,
+                        MatrixRef<S> y, Matrix<S>* stats, S eps = S(layer_norm_eps)) {
+  const Index N = x.rows(), D = x.cols();
+  if (stats) stats->resize(N, 2);
+  COUPLEDQK_PARALLEL_ROWS(N * D)
+  for (Index r = 0; r < N; ++r) {
+    const auto xr = x.row(r);
+    const S mu = xr.sum() / S(D);
+    const S var = (xr.array() - mu).square().sum() / S(D);
+    const S rstd = S(1) / std::sqrt(var + eps);
+    y.row(r) = ((xr.array() - mu) * rstd * g.row(0).array() + b.row(0).array()).matrix();
+    if (stats) {
+      (*stats)(r, 0) = mu;
+      (*stats)(r, 1) = rstd;
+    }
+  }
+}
+
+// Backward of the above, with xhat = (x - mu) * rstd and dxhat = dy * g:
+//   dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))     written (=)
+//   dg += sum_rows(dy * xhat),  db += sum_rows(dy)                    accumulated (+=), may be null
+template <class S>
+void layer_norm_backward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& g, const Matrix<S>& stats,
+                         const ConstMatrixRef<S>& dy, Matrix<S>& dx, S* dg, S* db) {
+  const Index N = x.rows(), D = x.cols();
+  dx.resize(N, D);
+  COUPLEDQK_PARALLEL_ROWS(N * D)
+  for (Index r = 0; r < N; ++r) {
+    const S mu = stats(r, 0), rstd = stats(r, 1);
+    const Eigen::Array<S, 1, Eigen::Dynamic> xhat = (x.row(r).array() - mu) * rstd;
+    const Eigen::Array<S, 1, Eigen::Dynamic> dxhat = dy.row(r).array() * g.row(0).array();
+    const S mean_dxhat = dxhat.sum() / S(D);
+    const S mean_dxhat_xhat = (dxhat * xhat).sum() / S(D);
+    dx.row(r) = (rstd * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)).matrix();
+  }
+  // sums over rows: serial, in row order
+  for (Index r = 0; r < N; ++r) {
+    const S mu = stats(r, 0), rstd = stats(r, 1);
+    if (dg)
+      for (Index c = 0; c < D; ++c) dg[c] += dy(r, c) * ((x(r, c) - mu) * rstd);
+    if (db)
+      for (Index c = 0; c < D; ++c) db[c] += dy(r, c);
+  }
+}
+
+// ---- GELU, tanh form (GPT-2) ----------------------------------------------------------------
+//
+//   gelu(x)  = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+template <class S>
+S gelu(S x) {
+  const S c = S(0.7978845608028654), k = S(0.044715);
+  return S(0.5) * x * (S(1) + std::tanh(c * (x + k * x * x * x)));
+}
+template <class S>
+S gelu_grad(S x) {
+  const S c = S(0.7978845608028654), k = S(0.044715);
+  const S t = std::tanh(c * (x + k * x * x * x));
+  return S(0.5) * (S(1) + t) + S(0.5) * x * (S(1) - t * t) * c * (S(1) + S(3) * k * x * x);
+}
+
+/// y = gelu(x), x and y: [N, C] (y written, =).
+template <class S>
+void gelu_forward(const ConstMatrixRef<S>& x, MatrixRef<S> y) {
+  const Index N = x.rows(), C = x.cols();
+  COUPLEDQK_PARALLEL_ROWS(8 * N * C)
+  for (Index r = 0; r < N; ++r)
+    for (Index c = 0; c < C; ++c) y(r, c) = gelu(x(r, c));
+}
+
+/// dx = dy * gelu'(x), written (=).
+template <class S>
+void gelu_backward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& dy, Matrix<S>& dx) {
+  const Index N = x.rows(), C = x.cols();
+  dx.resize(N, C);
+  COUPLEDQK_PARALLEL_ROWS(8 * N * C)
+  for (Index r = 0; r < N; ++r)
+    for (Index c = 0; c < C; ++c) dx(r, c) = dy(r, c) * gelu_grad(x(r, c));
+}
+
+// ---- softmax cross-entropy over a row of logits, mean over rows -----------------------------
+//
+//   loss = (1/N) sum_r [ logsumexp(z_r) - z_r[t_r] ]     computed with the row maximum subtracted
+//
+// logits: [N, V]; targets: N ids in [0, V) (checked by the caller). probs (optional, for the
+// backward): [N, V] = softmax(z_r), written (=). The sum over rows is taken in double, in order.
+template <class S>
+S cross_entropy_forward(const ConstMatrixRef<S>& logits, const std::int32_t* targets, Matrix<S>* probs) {
+  const Index N = logits.rows(), V = logits.cols();
+  if (probs) probs->resize(N, V);
+  std::vector<double> row_loss(static_cast<std::size_t>(N));
+  COUPLEDQK_PARALLEL_ROWS(4 * N * V)
+  for (Index r = 0; r < N; ++r) {
+    const auto z = logits.row(r);
+    const S mx = z.maxCoeff();
+    S sum = 0;
+    if (probs) {
+      for (Index c = 0; c < V; ++c) sum += ((*probs)(r, c) = std::exp(z[c] - mx));
+      const S inv = S(1) / sum;
+      probs->row(r) *= inv;
+    } else {
+      for (Index c = 0; c < V; ++c) sum += std::exp(z[c] - mx);
+    }
+    row_loss[static_cast<std::size_t>(r)] = static_cast<double>(mx + std::log(sum) - z[targets[r]]);
+  }
+  double total = 0;
+  for (double l : row_loss) total += l;  // in row order
+  return static_cast<S>(total / static_cast<double>(N));
+}
+
+// Backward: dz_r = dloss / N * (softmax(z_r) - onehot(t_r)), written (=) in place of probs.
+template <class S>
+void cross_entropy_backward(Matrix<S>& probs, const std::int32_t* targets, S dloss) {
+  const Index N = probs.rows();
+  const S scale = dloss / S(N);
+  COUPLEDQK_PARALLEL_ROWS(N * probs.cols())
+  for (Index r = 0; r < N; ++r) {
+    probs(r, targets[r]) -= S(1);
+    probs.row(r) *= scale;
+  }
+}
+
+}  // namespace coupledqk::kernels

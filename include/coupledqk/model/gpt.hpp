@@ -1,0 +1,467 @@
+// A GPT-2 style decoder built on coupled query-key attention layers (method spec section 6).
+//
+//     x      = wte[tokens] + wpe[positions]                      [B*T, D], rows ordered (b, t)
+//     block l (pre-LayerNorm), l = 0..L-1:
+//       x   += attn_l(ln1_l(x))                                  Attention<S, Integrator, Scoring>
+//       x   += proj_l(gelu_tanh(fc_l(ln2_l(x))))                 fc: [D, 4D] + b, proj: [4D, D] + b
+//     x      = ln_f(x)
+//     logits = x wte^T                                           [B*T, V], tied output embedding
+//     loss   = mean over tokens of cross-entropy(logits, targets)
+//
+// Gpt<S, Integrator, Scoring> is the compiled model; AnyGpt<S> is its run-time interface and
+// make_gpt<S>(config, seed) picks the policies from config.attention and config.steps through
+// coupledqk::with_variant. Every op is one tape node (autodiff/ops.hpp); an attention layer is one
+// node whose backward is the layer's own analytic backward.
+//
+// Parameter names (visit order; checkpoints and the optimiser rely on it):
+//   wte [V, D], wpe [T, D],
+//   h.<l>.ln1.g [D], h.<l>.ln1.b [D], h.<l>.attn.<layer tensor> (wq, wk, wv, wo [D, D], dyn.* and
+//   dyn.rho [H] for coupled/uncoupled layers, lq1 lk1 lq2 lk2 [d] and subln [2d] for Differential),
+//   h.<l>.ln2.g, h.<l>.ln2.b, h.<l>.mlp.fc.w [D, 4D], h.<l>.mlp.fc.b [4D], h.<l>.mlp.proj.w [4D, D],
+//   h.<l>.mlp.proj.b [D], ln_f.g [D], ln_f.b [D].
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../attention.hpp"
+#include "../autodiff/attention_op.hpp"
+#include "../autodiff/ops.hpp"
+#include "../autodiff/tape.hpp"
+#include "../core/error.hpp"
+#include "../core/parameters.hpp"
+#include "../core/random.hpp"
+#include "../core/types.hpp"
+#include "../registry.hpp"
+
+namespace coupledqk {
+
+/// Sizes and initialisation of a GPT. Defaults follow GPT-2 and the method spec.
+struct GptConfig {
+  Index vocab = 0;    ///< V, vocabulary size
+  Index dim = 0;      ///< D, model width
+  Index layers = 0;   ///< L, number of blocks
+  Index heads = 0;    ///< H, query/key pairs per token in each attention layer
+  Index context = 0;  ///< maximum sequence length (rows of wpe); a batch may use any T <= context
+  Index hidden = 0;   ///< m, dynamics hidden width; 0 means m = D/H
+  std::string attention = "standard";  ///< variant name (registry.hpp: attention_names())
+  int steps = 1;                       ///< integration sub-steps N, 1..max_steps
+  double init_std = 0.02;              ///< std of every weight matrix and embedding (GPT-2)
+  double dynamics_init_scale = 0.0;    ///< AttentionConfig::dynamics_init_scale (0: standard at init)
+  double init_time = 1.0;              ///< AttentionConfig::init_time (tau at init)
+  DynamicsMemory memory = DynamicsMemory::store;  ///< AttentionConfig::memory
+  bool reference_kernels = false;                 ///< AttentionConfig::reference_kernels
+
+  Index mlp_dim() const { return 4 * dim; }
+
+  /// The attention layer of block `layer`.
+  AttentionConfig attention_config(int layer) const {
+    AttentionConfig c;
+    c.dim = dim;
+    c.heads = heads;
+    c.hidden = hidden;
+    c.layer_index = layer;
+    c.init_std = init_std;
+    c.dynamics_init_scale = dynamics_init_scale;
+    c.init_time = init_time;
+    c.memory = memory;
+    c.reference_kernels = reference_kernels;
+    return c;
+  }
+};
+
+/// Throws a descriptive coupledqk::invalid_argument unless the sizes are usable. (The variant name
+/// and step count are checked by make_gpt through with_variant; the attention layers check what is
+/// specific to their policies, e.g. an even head count for Differential.)
+inline void validate(const GptConfig& c) {
+  require(c.vocab > 0, "gpt: vocab (V) must be positive; got ", c.vocab);
+  require(c.vocab <= INT32_MAX, "gpt: vocab (V) must fit token ids of type int32; got ", c.vocab);
+  require(c.dim > 0, "gpt: dim (D) must be positive; got ", c.dim);
+  require(c.layers > 0, "gpt: layers (L) must be positive; got ", c.layers);
+  require(c.heads > 0, "gpt: heads (H) must be positive; got ", c.heads);
+  require(c.dim % c.heads == 0, "gpt: dim (D) must be divisible by heads (H); got D = ", c.dim, ", H = ",
+          c.heads, " (D/H = ", static_cast<double>(c.dim) / static_cast<double>(c.heads), ")");
+  require(c.context > 0, "gpt: context (maximum sequence length T) must be positive; got ", c.context);
+  require(c.hidden >= 0, "gpt: hidden (m) must be >= 0 (0 means m = D/H); got ", c.hidden);
+  require(c.steps >= 1, "gpt: steps must be >= 1; got ", c.steps);
+  require(std::isfinite(c.init_std) && c.init_std >= 0, "gpt: init_std must be finite and >= 0; got ",
+          c.init_std);
+}
+
+/// Parameter counts: all, and the dynamics alone (dyn.* and dyn.rho of every layer).
+struct ParameterReport {
+  Index total = 0;
+  Index dynamics = 0;
+  double dynamics_percent = 0;  ///< 100 * dynamics / total
+};
+
+/// A read-only run of token ids (int32), from a pointer and a length or from a std::vector.
+struct TokenSpan {
+  const std::int32_t* data = nullptr;
+  Index size = 0;
+  TokenSpan() = default;
+  TokenSpan(const std::int32_t* d, Index n) : data(d), size(n) {}
+  TokenSpan(const std::vector<std::int32_t>& v) : data(v.data()), size(static_cast<Index>(v.size())) {}
+};
+
+/// The non-attention tensors of one block.
+template <class S>
+struct GptBlock {
+  Vector<S> ln1_g, ln1_b;  // [D]
+  Vector<S> ln2_g, ln2_b;  // [D]
+  Matrix<S> fc_w;          // [D, 4D], stored [in, out]
+  Vector<S> fc_b;          // [4D]
+  Matrix<S> proj_w;        // [4D, D]
+  Vector<S> proj_b;        // [D]
+};
+
+/// Every tensor of the model except the attention layers' (those live in the layers).
+template <class S>
+struct GptTensors {
+  Matrix<S> wte;  // [V, D], also the output projection (tied)
+  Matrix<S> wpe;  // [context, D]
+  std::vector<GptBlock<S>> h;
+  Vector<S> lnf_g, lnf_b;  // [D]
+};
+
+namespace detail {
+
+/// "standard", "leapfrog", "diff-euler", ... for the registry's policies; "<integrator>" or
+/// "<integrator>+<scoring>" for user-defined ones.
+template <class I, class Sc>
+std::string gpt_variant_name() {
+  const std::string integrator = I::has_dynamics ? I::name : "";
+  if (std::is_same_v<Sc, Softmax>) return I::has_dynamics ? integrator : "standard";
+  if (std::is_same_v<Sc, Differential>) return I::has_dynamics ? "diff-" + integrator : "diff";
+  return (I::has_dynamics ? integrator : "standard") + "+" + Sc::name;
+}
+
+template <class Dense>
+void append_view(std::vector<TensorView<typename Dense::Scalar>>& out, const std::string& name, Dense& t) {
+  out.push_back(TensorView<typename Dense::Scalar>{name, shape_of(t), t.data()});
+}
+
+}  // namespace detail
+
+/// A GPT whose attention variant is fixed by the derived Gpt<S, Integrator, Scoring> (make_gpt picks
+/// it at run time). Everything that does not depend on the attention policies is here, compiled
+/// once per scalar type; the derived class supplies the attention layers through five hooks. (So
+/// the registry's 44 variants cost little more to compile than the layers themselves.)
+template <class S>
+class AnyGpt {
+ public:
+  virtual ~AnyGpt() = default;
+  AnyGpt(const AnyGpt&) = delete;
+  AnyGpt& operator=(const AnyGpt&) = delete;
+
+  /// The configuration, with `attention` and `steps` naming the compiled variant.
+  const GptConfig& config() const { return config_; }
+  Index layers() const { return config_.layers; }
+
+  // ---- training and evaluation -------------------------------------------------------------
+
+  /// Mean cross-entropy of next-token prediction on a batch, with gradients: clears the tape, builds
+  /// the forward on it, runs the backward and clears it again (its buffers are kept for the next
+  /// call). Gradients are ACCUMULATED (+=) into the model's gradient buffer: call zero_grad()
+  /// between optimiser steps. tokens, targets: B*T ids each, rows ordered (b, t); batch = B;
+  /// T <= context.
+  S loss(Tape<S>& t, TokenSpan tokens, TokenSpan targets, Index batch) {
+    t.clear();
+    const Var l = forward_loss(t, tokens, targets, batch, true);
+    const S value = t.scalar(l);
+    t.backward(l);
+    t.clear();
+    return value;
+  }
+
+  /// The same loss without gradients (nothing is kept for a backward; the model is not modified).
+  S evaluate(Tape<S>& t, TokenSpan tokens, TokenSpan targets, Index batch) const {
+    t.clear();
+    const S value = t.scalar(mutable_self().forward_loss(t, tokens, targets, batch, false));
+    t.clear();
+    return value;
+  }
+
+  /// Logits [B*T, V] without gradients.
+  Matrix<S> logits(Tape<S>& t, TokenSpan tokens, Index batch) const {
+    t.clear();
+    Matrix<S> out = t.value(mutable_self().forward(t, tokens, batch, false));
+    t.clear();
+    return out;
+  }
+
+  // ---- building graphs ---------------------------------------------------------------------
+
+  /// Appends the forward to the tape (without clearing it) and returns the logits node [B*T, V].
+  /// with_gradients: whether a later tape.backward() accumulates into the model's gradient buffer;
+  /// false binds every parameter as a constant (nothing is kept for a backward).
+  Var forward(Tape<S>& t, TokenSpan tokens, Index batch, bool with_gradients) {
+    const Index T = check_tokens(tokens, batch, "tokens");
+    const Index N = tokens.size;
+    auto bind = [&](const auto& value, auto& grad) { return t.parameter(value, with_gradients ? &grad : nullptr); };
+
+    // x = wte[tokens] + wpe[t]: [B*T, D]
+    const Var wte = bind(params_.wte, grads_.wte);
+    const Var wpe = bind(params_.wpe, grads_.wpe);
+    std::vector<std::int32_t> positions(static_cast<std::size_t>(N));  // row (b, t) -> t
+    for (Index r = 0; r < N; ++r) positions[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(r % T);
+    Var x = ops::add(t, ops::embedding(t, wte, tokens.data, N), ops::embedding(t, wpe, positions.data(), N));
+
+    for (Index l = 0; l < config_.layers; ++l) {
+      const GptBlock<S>& p = params_.h[static_cast<std::size_t>(l)];
+      GptBlock<S>& g = grads_.h[static_cast<std::size_t>(l)];
+      // x += attn(ln1(x))
+      Var a = ops::layer_norm(t, x, bind(p.ln1_g, g.ln1_g), bind(p.ln1_b, g.ln1_b));
+      a = attention_node(t, l, a, batch, with_gradients);
+      x = ops::add(t, x, a);
+      // x += proj(gelu(fc(ln2(x))))
+      Var m = ops::layer_norm(t, x, bind(p.ln2_g, g.ln2_g), bind(p.ln2_b, g.ln2_b));
+      m = ops::linear(t, m, bind(p.fc_w, g.fc_w), bind(p.fc_b, g.fc_b));  // [B*T, 4D]
+      m = ops::gelu(t, m);
+      m = ops::linear(t, m, bind(p.proj_w, g.proj_w), bind(p.proj_b, g.proj_b));  // [B*T, D]
+      x = ops::add(t, x, m);
+    }
+    x = ops::layer_norm(t, x, bind(params_.lnf_g, grads_.lnf_g), bind(params_.lnf_b, grads_.lnf_b));
+    return ops::matmul_transposed(t, x, wte);  // tied: wte's gradient sums both uses
+  }
+
+  /// forward() followed by the mean cross-entropy against `targets`: a [1, 1] node.
+  Var forward_loss(Tape<S>& t, TokenSpan tokens, TokenSpan targets, Index batch, bool with_gradients) {
+    check_tokens(tokens, batch, "tokens");
+    require(targets.size == tokens.size, "gpt: ", targets.size, " targets for ", tokens.size,
+            " tokens; expected one target per token (B*T each)");
+    check_tokens(targets, batch, "targets");
+    return ops::cross_entropy(t, forward(t, tokens, batch, with_gradients), targets.data, targets.size);
+  }
+
+  // ---- parameters --------------------------------------------------------------------------
+
+  void zero_grad() {
+    for (auto& v : gradients()) std::fill(v.data, v.data + v.size(), S(0));
+  }
+
+  /// Named views of every parameter (see the names at the top of this file) and of its gradient:
+  /// same order, names and shapes.
+  std::vector<TensorView<S>> parameters() { return views(false); }
+  std::vector<TensorView<S>> gradients() { return views(true); }
+
+  ParameterReport parameter_report() const {
+    ParameterReport r;
+    r.total = params_.wte.size() + params_.wpe.size() + params_.lnf_g.size() + params_.lnf_b.size();
+    for (Index l = 0; l < config_.layers; ++l) {
+      const GptBlock<S>& b = params_.h[static_cast<std::size_t>(l)];
+      r.total += b.ln1_g.size() + b.ln1_b.size() + b.ln2_g.size() + b.ln2_b.size() + b.fc_w.size() +
+                 b.fc_b.size() + b.proj_w.size() + b.proj_b.size() + attention_parameter_count(l, false);
+      r.dynamics += attention_parameter_count(l, true);
+    }
+    r.dynamics_percent = 100.0 * static_cast<double>(r.dynamics) / static_cast<double>(r.total);
+    return r;
+  }
+
+  /// Throws if any parameter is NaN or infinite (e.g. after loading a checkpoint), naming it.
+  void check_parameters() const {
+    for (const auto& v : mutable_self().parameters())
+      for (Index i = 0; i < v.size(); ++i)
+        require(std::isfinite(v.data[i]), "parameter '", v.name, "' holds a non-finite value (", v.data[i],
+                ") at flat index ", i, "; every parameter must be finite");
+  }
+
+  /// The non-attention parameters and their gradients (the attention layers: Gpt::layer(l)).
+  GptTensors<S>& tensors() { return params_; }
+  const GptTensors<S>& tensors() const { return params_; }
+  GptTensors<S>& tensor_gradients() { return grads_; }
+
+  /// Checks a run of ids for a batch of B = batch sequences and returns T. `what` names it.
+  Index check_tokens(TokenSpan ids, Index batch, const char* what) const {
+    require(batch > 0, "gpt: batch (B) must be positive; got ", batch);
+    require(ids.size > 0 && ids.data != nullptr, "gpt: no ", what, "; expected B*T > 0 ids");
+    require(ids.size % batch == 0, "gpt: ", ids.size, " ", what, " is not a multiple of batch B = ", batch,
+            " (expected B*T ids, rows ordered (b, t))");
+    const Index T = ids.size / batch;
+    require(T <= config_.context, "gpt: sequence length T = ", T, " (", ids.size, " ", what, " / B = ", batch,
+            ") exceeds the context of ", config_.context);
+    for (Index i = 0; i < ids.size; ++i)
+      require(ids.data[i] >= 0 && ids.data[i] < config_.vocab, "gpt: ", what, " id ", ids.data[i],
+              " at position ", i, " is outside the vocabulary [0, ", config_.vocab, ")");
+    return T;
+  }
+
+ protected:
+  /// GPT-2 initialisation from one seed (coupledqk::Rng, the same on every platform), drawn in this
+  /// order: wte, wpe ~ N(0, init_std^2); then per block: the attention layer's seed
+  /// (layer_seeds()[l]), mlp.fc.w ~ N(0, init_std^2), mlp.proj.w ~ N(0, (init_std / sqrt(2L))^2).
+  /// Biases 0, LayerNorm gains 1. The derived class builds the layers from layer_seeds() and
+  /// scales their wo by 1 / sqrt(2L) (the other residual projection).
+  AnyGpt(const GptConfig& config, std::uint64_t seed) : config_(config) {
+    validate(config_);
+    const Index V = config_.vocab, D = config_.dim, C = config_.context, M = config_.mlp_dim();
+    Rng rng(seed);
+    params_.wte.resize(V, D);
+    params_.wpe.resize(C, D);
+    rng.fill_normal(params_.wte, config_.init_std);
+    rng.fill_normal(params_.wpe, config_.init_std);
+    params_.h.resize(static_cast<std::size_t>(config_.layers));
+    for (auto& b : params_.h) {
+      layer_seeds_.push_back(rng.next_u64());
+      b.ln1_g = Vector<S>::Ones(D);
+      b.ln1_b = Vector<S>::Zero(D);
+      b.ln2_g = Vector<S>::Ones(D);
+      b.ln2_b = Vector<S>::Zero(D);
+      b.fc_w.resize(D, M);
+      rng.fill_normal(b.fc_w, config_.init_std);
+      b.fc_b = Vector<S>::Zero(M);
+      b.proj_w.resize(M, D);
+      rng.fill_normal(b.proj_w, config_.init_std * residual_scale());
+      b.proj_b = Vector<S>::Zero(D);
+    }
+    params_.lnf_g = Vector<S>::Ones(D);
+    params_.lnf_b = Vector<S>::Zero(D);
+    // gradients: same shapes, zeros
+    grads_ = params_;
+    grads_.wte.setZero();
+    grads_.wpe.setZero();
+    for (auto& b : grads_.h) {
+      for (Vector<S>* v : {&b.ln1_g, &b.ln1_b, &b.ln2_g, &b.ln2_b, &b.fc_b, &b.proj_b}) v->setZero();
+      b.fc_w.setZero();
+      b.proj_w.setZero();
+    }
+    grads_.lnf_g.setZero();
+    grads_.lnf_b.setZero();
+  }
+
+  /// 1 / sqrt(2L): the init scale of the residual projections (wo, mlp.proj.w).
+  double residual_scale() const { return 1.0 / std::sqrt(2.0 * static_cast<double>(config_.layers)); }
+  const std::vector<std::uint64_t>& layer_seeds() const { return layer_seeds_; }
+
+  // ---- the hooks: block l's attention layer ----
+  /// y = attn_l(x) as one tape node; with_gradients: accumulate the layer's parameter gradients
+  /// into the model's buffer on backward.
+  virtual Var attention_node(Tape<S>& t, Index l, Var x, Index batch, bool with_gradients) = 0;
+  /// Appends the layer's named views (names prefixed) to params and its gradients' to grads.
+  virtual void attention_views(Index l, const std::string& prefix, std::vector<TensorView<S>>* params,
+                               std::vector<TensorView<S>>* grads) = 0;
+  /// Number of parameters of layer l (dynamics_only: dyn.* and dyn.rho only).
+  virtual Index attention_parameter_count(Index l, bool dynamics_only) const = 0;
+
+ private:
+  AnyGpt& mutable_self() const {
+    // Only for the const paths that build graphs without gradients (parameters bound as constants)
+    // or list views to read them: they modify nothing (concurrent calls on one model, one tape each, are safe).
+    return const_cast<AnyGpt&>(*this);
+  }
+
+  std::vector<TensorView<S>> views(bool grads) {
+    GptTensors<S>& t = grads ? grads_ : params_;
+    std::vector<TensorView<S>> out;
+    detail::append_view(out, "wte", t.wte);
+    detail::append_view(out, "wpe", t.wpe);
+    for (Index l = 0; l < config_.layers; ++l) {
+      GptBlock<S>& b = t.h[static_cast<std::size_t>(l)];
+      const std::string p = "h." + std::to_string(l) + ".";
+      detail::append_view(out, p + "ln1.g", b.ln1_g);
+      detail::append_view(out, p + "ln1.b", b.ln1_b);
+      attention_views(l, p + "attn.", grads ? nullptr : &out, grads ? &out : nullptr);
+      detail::append_view(out, p + "ln2.g", b.ln2_g);
+      detail::append_view(out, p + "ln2.b", b.ln2_b);
+      detail::append_view(out, p + "mlp.fc.w", b.fc_w);
+      detail::append_view(out, p + "mlp.fc.b", b.fc_b);
+      detail::append_view(out, p + "mlp.proj.w", b.proj_w);
+      detail::append_view(out, p + "mlp.proj.b", b.proj_b);
+    }
+    detail::append_view(out, "ln_f.g", t.lnf_g);
+    detail::append_view(out, "ln_f.b", t.lnf_b);
+    return out;
+  }
+
+  GptConfig config_;
+  GptTensors<S> params_, grads_;
+  std::vector<std::uint64_t> layer_seeds_;
+};
+
+/// The compiled model: AnyGpt<S> with L layers of Attention<S, Integrator, Scoring>.
+template <class S, class Integrator, class Scoring>
+class Gpt final : public AnyGpt<S> {
+ public:
+  using scalar = S;
+  using Layer = Attention<S, Integrator, Scoring>;
+  using LayerParameters = typename Layer::Parameters;
+
+  /// config.attention and config.steps are set from the policies (e.g. "diff-euler", 4).
+  explicit Gpt(const GptConfig& config, std::uint64_t seed = 0) : AnyGpt<S>(named(config), seed) {
+    const GptConfig& c = this->config();
+    layers_.reserve(static_cast<std::size_t>(c.layers));
+    layer_grads_.reserve(static_cast<std::size_t>(c.layers));
+    for (Index l = 0; l < c.layers; ++l) {
+      Layer& layer = layers_.emplace_back(c.attention_config(static_cast<int>(l)), this->layer_seeds()[static_cast<std::size_t>(l)]);
+      layer.params.wo *= S(this->residual_scale());
+      layer_grads_.push_back(layer.zero_gradients());
+    }
+  }
+
+  /// Block l's attention layer and its gradient buffer (per-layer inspection; incremental decoding:
+  /// the dynamics act token by token, so cached evolved keys K' and values V stay valid).
+  Layer& layer(Index l) { return layers_.at(static_cast<std::size_t>(l)); }
+  const Layer& layer(Index l) const { return layers_.at(static_cast<std::size_t>(l)); }
+  LayerParameters& layer_gradients(Index l) { return layer_grads_.at(static_cast<std::size_t>(l)); }
+
+ protected:
+  Var attention_node(Tape<S>& t, Index l, Var x, Index batch, bool with_gradients) override {
+    const auto i = static_cast<std::size_t>(l);
+    return ops::attention(t, layers_[i], x, batch, with_gradients ? &layer_grads_[i] : nullptr);
+  }
+  void attention_views(Index l, const std::string& prefix, std::vector<TensorView<S>>* params,
+                       std::vector<TensorView<S>>* grads) override {
+    const auto i = static_cast<std::size_t>(l);
+    if (params) append_views<S>(layers_[i].params, prefix, *params);
+    if (grads) append_views<S>(layer_grads_[i], prefix, *grads);
+  }
+  Index attention_parameter_count(Index l, bool dynamics_only) const override {
+    const Layer& layer = layers_[static_cast<std::size_t>(l)];
+    return dynamics_only ? layer.dynamics_parameter_count() : layer.parameter_count();
+  }
+
+ private:
+  static GptConfig named(GptConfig c) {
+    c.attention = detail::gpt_variant_name<Integrator, Scoring>();
+    if constexpr (Integrator::has_dynamics) c.steps = Integrator::steps;
+    return c;
+  }
+
+  std::vector<Layer> layers_;
+  std::vector<LayerParameters> layer_grads_;  // the layers' share of the gradient buffer
+};
+
+/// The GPT whose attention layers are the variant config.attention with config.steps steps.
+/// Throws coupledqk::invalid_argument for an unknown name or step count (listing what is
+/// accepted) and for unusable sizes.
+template <class S>
+std::unique_ptr<AnyGpt<S>> make_gpt(const GptConfig& config, std::uint64_t seed = 0) {
+  validate(config);
+  return with_variant(config.attention, config.steps, [&](auto integrator, auto scoring) -> std::unique_ptr<AnyGpt<S>> {
+    using I = typename decltype(integrator)::type;
+    using Sc = typename decltype(scoring)::type;
+    return std::make_unique<Gpt<S, I, Sc>>(config, seed);
+  });
+}
+
+/// Calls f(Gpt<S, I, Sc>&) with the compiled model behind `model` (for code written once for every
+/// variant, such as incremental decoding) and returns its result (f must return the same non-void
+/// type for every variant). Only for models whose variant is in the registry (make_gpt's).
+template <class S, class F>
+auto visit_gpt(AnyGpt<S>& model, F&& f) {
+  return with_variant(model.config().attention, model.config().steps, [&](auto integrator, auto scoring) {
+    using G = Gpt<S, typename decltype(integrator)::type, typename decltype(scoring)::type>;
+    auto* g = dynamic_cast<G*>(&model);
+    require(g != nullptr, "visit_gpt: the model is not the compiled variant its config names ('",
+            model.config().attention, "', ", model.config().steps, " steps)");
+    return f(*g);
+  });
+}
+
+}  // namespace coupledqk
