@@ -1,0 +1,187 @@
+#include "progress.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include <coupledqk/core/error.hpp>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#define COUPLEDQK_HAVE_ISATTY 1
+#else
+#define COUPLEDQK_HAVE_ISATTY 0
+#endif
+
+namespace coupledqk::train {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool is_terminal(std::FILE* f) {
+#if COUPLEDQK_HAVE_ISATTY
+  return ::isatty(::fileno(f)) != 0;
+#else
+  (void)f;
+  return false;
+#endif
+}
+
+std::string printf_string(const char* format, double a) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, format, a);
+  return buffer;
+}
+
+// Seconds between plain progress lines, and between redraws of the bar.
+constexpr double kLineInterval = 10.0;
+constexpr double kBarInterval = 0.1;
+
+}  // namespace
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  if (s < 10) return printf_string("%.1fs", s);
+  const long total = std::lround(s);
+  char buffer[64];
+  if (total < 60)
+    std::snprintf(buffer, sizeof buffer, "%lds", total);
+  else if (total < 3600)
+    std::snprintf(buffer, sizeof buffer, "%ldm%02lds", total / 60, total % 60);
+  else
+    std::snprintf(buffer, sizeof buffer, "%ldh%02ldm", total / 3600, (total % 3600) / 60);
+  return buffer;
+}
+
+std::string format_count(double v) {
+  if (!std::isfinite(v)) return "?";
+  if (std::fabs(v) >= 1e9) return printf_string("%.2fG", v / 1e9);
+  if (std::fabs(v) >= 1e6) return printf_string("%.2fM", v / 1e6);
+  if (std::fabs(v) >= 1e4) return printf_string("%.1fk", v / 1e3);
+  return printf_string("%.0f", v);
+}
+
+ProgressMode parse_progress_mode(const std::string& name) {
+  if (name == "auto") return ProgressMode::automatic;
+  if (name == "bar") return ProgressMode::bar;
+  if (name == "lines") return ProgressMode::lines;
+  if (name == "off") return ProgressMode::off;
+  throw invalid_argument("unknown progress mode '" + name + "'; accepted: auto, bar, lines, off");
+}
+
+// ---- Progress ---------------------------------------------------------------------------------
+
+Progress::Progress(ProgressMode mode, std::string label, std::FILE* out)
+    : mode_(mode), label_(std::move(label)), out_(out) {
+  if (mode_ == ProgressMode::automatic) mode_ = is_terminal(out_) ? ProgressMode::bar : ProgressMode::lines;
+  if (!label_.empty()) label_ += ": ";
+}
+
+Progress::~Progress() { finish(); }
+
+void Progress::end_line() {
+  if (line_open_) {
+    std::fputc('\n', out_);
+    std::fflush(out_);
+    line_open_ = false;
+  }
+}
+
+void Progress::finish() { end_line(); }
+
+void Progress::message(const std::string& text) {
+  end_line();
+  std::fprintf(out_, "%s%s\n", label_.c_str(), text.c_str());
+  std::fflush(out_);
+}
+
+void Progress::step(const StepMetrics& m) {
+  if (mode_ == ProgressMode::off) return;
+  const double t = now_seconds();
+  const bool last = m.step >= m.total_steps;
+  const double interval = mode_ == ProgressMode::bar ? kBarInterval : kLineInterval;
+  if (!last && m.step > 1 && t - last_print_ < interval) return;
+  last_print_ = t;
+  const double tokens_per_step = m.step > 0 ? static_cast<double>(m.tokens) / static_cast<double>(m.step) : 0;
+  const double eta = m.tokens_per_s > 0
+                         ? static_cast<double>(m.total_steps - m.step) * tokens_per_step / m.tokens_per_s
+                         : -1;
+  const double fraction = m.total_steps > 0 ? static_cast<double>(m.step) / static_cast<double>(m.total_steps) : 1;
+  char text[256];
+  std::snprintf(text, sizeof text, "step %ld/%ld  loss %.4f  lr %.2e  %s tok/s  ETA %s",
+                static_cast<long>(m.step), static_cast<long>(m.total_steps), m.loss, m.lr,
+                format_count(m.tokens_per_s).c_str(), format_duration(eta).c_str());
+  if (mode_ == ProgressMode::bar) {
+    constexpr int width = 24;
+    const int filled = static_cast<int>(std::floor(fraction * width));
+    std::string bar(static_cast<std::size_t>(filled), '#');
+    bar.append(static_cast<std::size_t>(width - filled), '.');
+    // \033[K clears what a longer previous line left on the right.
+    std::fprintf(out_, "\r%s[%s] %3.0f%%  %s\033[K", label_.c_str(), bar.c_str(), 100 * fraction, text);
+    line_open_ = true;
+    if (last) end_line();
+  } else {
+    std::fprintf(out_, "%s%s  (%s elapsed)\n", label_.c_str(), text, format_duration(m.elapsed).c_str());
+  }
+  std::fflush(out_);
+}
+
+void Progress::eval(const EvalMetrics& m) {
+  if (mode_ == ProgressMode::off) return;
+  char text[256];
+  std::snprintf(text, sizeof text, "%s perplexity %.3f (loss %.4f, %s tokens) at step %ld, %s training tokens",
+                m.split.c_str(), m.ppl, m.loss, format_count(static_cast<double>(m.eval_tokens)).c_str(),
+                static_cast<long>(m.step), format_count(static_cast<double>(m.tokens)).c_str());
+  message(text);
+}
+
+// ---- MetricsLog -------------------------------------------------------------------------------
+
+MetricsLog::MetricsLog(const std::string& path, bool append) : path_(path) {
+  out_.open(path, append ? std::ios::app : std::ios::trunc);
+  if (!out_) throw io_error("cannot open the metrics file '" + path + "' for writing: " + std::strerror(errno));
+}
+
+void MetricsLog::line(const std::string& json) {
+  if (!out_.is_open()) return;
+  out_ << json << '\n';
+  out_.flush();
+  if (!out_) throw io_error("writing the metrics file '" + path_ + "' failed");
+}
+
+void MetricsLog::step(const StepMetrics& m) {
+  if (!enabled()) return;
+  nlohmann::ordered_json j;
+  j["type"] = "step";
+  j["step"] = m.step;
+  j["tokens"] = m.tokens;
+  j["loss"] = m.loss;
+  j["lr"] = m.lr;
+  j["grad_norm"] = m.grad_norm;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["elapsed"] = m.elapsed;
+  line(j.dump());
+}
+
+void MetricsLog::eval(const EvalMetrics& m) {
+  if (!enabled()) return;
+  nlohmann::ordered_json j;
+  j["type"] = "eval";
+  j["step"] = m.step;
+  j["tokens"] = m.tokens;
+  j["split"] = m.split;
+  j["eval_tokens"] = m.eval_tokens;
+  j["loss"] = m.loss;
+  j[m.split + "_ppl"] = m.ppl;
+  j["elapsed"] = m.elapsed;
+  line(j.dump());
+}
+
+}  // namespace coupledqk::train

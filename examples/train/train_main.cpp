@@ -1,0 +1,95 @@
+// coupledqk-train: trains one GPT with coupled query-key attention on a corpus, with checkpoints
+// and metrics; `coupledqk-train generate` continues a prompt from a checkpoint.
+// docs/training.md describes the flags, the checkpoint format and the guarantees.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "generate.hpp"
+#include "trainer.hpp"
+
+namespace ct = coupledqk::train;
+
+namespace {
+
+int fail(const std::string& message) {
+  std::fflush(stdout);
+  std::cerr << "coupledqk-train: error: " << message << std::endl;
+  return 1;
+}
+
+void print_result(const ct::TrainOptions& o, const ct::TrainResult& r) {
+  std::printf("variant          %s (steps %d)\n", r.config.attention.c_str(), r.config.steps);
+  std::printf("model            V=%ld D=%ld L=%ld H=%ld T=%ld, %ld parameters (dynamics %ld, %.3f%%)\n",
+              static_cast<long>(r.config.vocab), static_cast<long>(r.config.dim), static_cast<long>(r.config.layers),
+              static_cast<long>(r.config.heads), static_cast<long>(r.config.context), static_cast<long>(r.params.total),
+              static_cast<long>(r.params.dynamics), r.params.dynamics_percent);
+  std::printf("training         %ld/%ld steps, %ld tokens, %d thread(s), %.1f s of training\n",
+              static_cast<long>(r.steps_done), static_cast<long>(r.total_steps), static_cast<long>(r.tokens_seen),
+              r.threads, r.train_seconds);
+  std::printf("throughput       %.0f tokens/s (this session, evaluations excluded)\n", r.tokens_per_s);
+  std::printf("train loss       %.4f (mean of the last steps)\n", r.final_train_loss);
+  if (r.stopped_early) {
+    std::printf("stopped early    after step %ld (%s)%s\n", static_cast<long>(r.steps_done),
+                r.interrupted ? "interrupted" : "--stop-after-steps", o.checkpoint.empty() ? "" : "; resume with --resume");
+  } else {
+    std::printf("valid perplexity %.3f (loss %.4f)\n", r.valid_ppl, r.valid_loss);
+    std::printf("test perplexity  %.3f (loss %.4f)\n", r.test_ppl, r.test_loss);
+  }
+  if (!o.checkpoint.empty()) std::printf("checkpoint       %s\n", o.checkpoint.c_str());
+  std::printf("wall time        %.1f s\n", r.wall_seconds);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a GPT with coupled query-key attention on a corpus (docs/training.md)",
+               "coupledqk-train"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
+  ct::TrainOptions o;
+  std::string progress = "auto";
+  ct::add_flags(app, ct::train_flags(o, true));
+  app.add_option("--progress", progress, "progress display: auto (bar on a terminal), bar, lines, off")
+      ->capture_default_str();
+
+  CLI::App* gen = app.add_subcommand("generate", "continue a prompt with a trained checkpoint");
+  ct::GenerateOptions g;
+  gen->add_option("--checkpoint", g.checkpoint, "checkpoint written by coupledqk-train")->required();
+  gen->add_option("--prompt", g.prompt, "text to continue")->capture_default_str();
+  gen->add_option("--tokens", g.tokens, "tokens to generate (at most)")->capture_default_str();
+  gen->add_option("--temperature", g.temperature, "sampling temperature (0: greedy)")->capture_default_str();
+  gen->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
+  gen->add_option("--seed", g.seed, "sampling seed")->capture_default_str();
+  gen->add_option("--threads", g.threads, "threads (0: the idle cores)")->capture_default_str();
+  bool no_stop = false;
+  gen->add_flag("--no-stop", no_stop, "keep going past the end-of-document token");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*gen) {
+      g.stop_at_eos = !no_stop;
+      const ct::Generation out = ct::generate(g);
+      std::cout << out.text << std::endl;
+      std::fprintf(stderr, "[%zu tokens in %.2f s, %.1f tokens/s%s]\n", out.ids.size(), out.seconds,
+                   out.tokens_per_s, out.ended_at_eos ? ", stopped at end of document" : "");
+      return 0;
+    }
+    ct::install_interrupt_handler();
+    ct::Progress bar(ct::parse_progress_mode(progress));
+    ct::preflight(o);  // bad flags or checkpoints fail before the data is prepared
+    const ct::TrainData data = ct::prepare_data(o, &bar);
+    const ct::TrainResult r = ct::train(o, data, bar);
+    print_result(o, r);
+    return r.interrupted ? 130 : 0;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}

@@ -1,0 +1,617 @@
+#include "trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace coupledqk::train {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string cache_of(const TrainOptions& o) { return o.cache_dir.empty() ? default_cache_dir() : o.cache_dir; }
+
+/// The batch sampler's seed: derived from the run's seed, distinct from the model's initialisation.
+std::uint64_t sampler_seed(std::uint64_t seed) { return seed ^ 0x73616d706c657273ull; /* "samplers" */ }
+
+Index total_steps_for_tokens(Index budget, Index batch, Index seq) {
+  const Index per_step = batch * seq;
+  return std::max<Index>(1, (budget + per_step - 1) / per_step);
+}
+
+Index resolve_warmup(const TrainOptions& o, Index total_steps) {
+  if (o.warmup >= 0) return o.warmup;
+  const Index w = static_cast<Index>(std::llround(0.05 * static_cast<double>(total_steps)));
+  return std::min(total_steps, std::max<Index>(1, w));
+}
+
+double resolve_min_lr(const TrainOptions& o) { return o.min_lr >= 0 ? o.min_lr : 0.1 * o.lr; }
+
+AdamWConfig optimiser_config(const TrainOptions& o, Index total_steps) {
+  AdamWConfig c;
+  c.lr = o.lr;
+  c.min_lr = resolve_min_lr(o);
+  c.warmup_steps = resolve_warmup(o, total_steps);
+  c.total_steps = total_steps;
+  c.weight_decay = o.weight_decay;
+  c.clip_norm = o.clip;
+  return c;
+}
+
+RunFingerprint fingerprint(const TrainOptions& o, Index total_steps, const std::string& tokenizer_hash) {
+  RunFingerprint f;
+  f.model = model_config(o);
+  f.corpus = corpus_key(o.corpus);
+  f.tokenizer_hash = tokenizer_hash;
+  f.batch = o.batch;
+  f.seq = o.seq;
+  f.lr = o.lr;
+  f.min_lr = resolve_min_lr(o);
+  f.warmup = resolve_warmup(o, total_steps);
+  f.total_steps = total_steps;
+  f.weight_decay = o.weight_decay;
+  f.clip = o.clip;
+  f.seed = o.seed;
+  return f;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += "\n  " + l;
+  return out;
+}
+
+/// B random windows of T+1 tokens: tokens = window[0, T), targets = window[1, T].
+void sample_batch(const std::vector<std::int32_t>& stream, Index batch, Index seq, Rng& rng,
+                  std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) {
+  const auto starts = static_cast<std::uint64_t>(static_cast<Index>(stream.size()) - seq);  // >= 1
+  tokens.resize(static_cast<std::size_t>(batch * seq));
+  targets.resize(tokens.size());
+  for (Index b = 0; b < batch; ++b) {
+    const auto s = static_cast<std::ptrdiff_t>(rng.next_u64() % starts);
+    std::copy(stream.begin() + s, stream.begin() + s + seq, tokens.begin() + b * seq);
+    std::copy(stream.begin() + s + 1, stream.begin() + s + 1 + seq, targets.begin() + b * seq);
+  }
+}
+
+std::string read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw io_error("cannot read '" + path + "'");
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::string fmt(const char* format, double v) {
+  char buffer[128];
+  std::snprintf(buffer, sizeof buffer, format, v);
+  return buffer;
+}
+
+}  // namespace
+
+// ---- options ---------------------------------------------------------------------------------------
+
+Index effective_budget_tokens(const TrainOptions& o) {
+  if (o.budget_tokens > 0) return o.budget_tokens;
+  return o.budget_seconds > 0 ? 0 : Defaults::budget_tokens;
+}
+
+GptConfig model_config(const TrainOptions& o) {
+  GptConfig c;
+  c.vocab = o.vocab;
+  c.dim = o.dim;
+  c.layers = o.layers;
+  c.heads = o.heads;
+  c.context = o.seq;
+  c.hidden = o.hidden;
+  c.attention = o.attention;
+  c.steps = o.steps;
+  c.dynamics_init_scale = o.dynamics_init_scale;
+  c.init_time = o.init_time;
+  return c;
+}
+
+void validate(const TrainOptions& o) {
+  std::vector<std::string> bad;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) bad.push_back(what);
+  };
+  auto s = [](auto v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  check(!o.corpus.empty(), "--corpus is empty; give a corpus name (sotu, brown, moby-dick), a file or a folder");
+  check(o.vocab >= Tokenizer::min_vocab_size && o.vocab <= Tokenizer::max_vocab_size,
+        "--vocab " + s(o.vocab) + " is outside [" + s(Tokenizer::min_vocab_size) + ", " +
+            s(Tokenizer::max_vocab_size) + "]");
+  check(o.dim > 0, "--dim (D) must be positive; got " + s(o.dim));
+  check(o.layers > 0, "--layers (L) must be positive; got " + s(o.layers));
+  check(o.heads > 0, "--heads (H) must be positive; got " + s(o.heads));
+  check(o.dim <= 0 || o.heads <= 0 || o.dim % o.heads == 0,
+        "--dim (D) must be divisible by --heads (H); got D = " + s(o.dim) + ", H = " + s(o.heads));
+  check(o.hidden >= 0, "--m (dynamics hidden width) must be >= 0 (0: D/H); got " + s(o.hidden));
+  check(o.seq > 0, "--seq (T) must be positive; got " + s(o.seq));
+  check(o.batch > 0, "--batch (B) must be positive; got " + s(o.batch));
+  check(o.budget_tokens >= 0, "--tokens must be positive; got " + s(o.budget_tokens));
+  check(std::isfinite(o.budget_seconds) && o.budget_seconds >= 0,
+        "--seconds must be positive; got " + s(o.budget_seconds));
+  check(!(o.budget_tokens > 0 && o.budget_seconds > 0),
+        "pass exactly one budget: --tokens " + s(o.budget_tokens) + " and --seconds " + s(o.budget_seconds) +
+            " were both given");
+  check(std::isfinite(o.lr) && o.lr > 0, "--lr must be finite and > 0; got " + s(o.lr));
+  check(o.min_lr < 0 || (std::isfinite(o.min_lr) && o.min_lr <= o.lr),
+        "--min-lr must be in [0, --lr = " + s(o.lr) + "]; got " + s(o.min_lr));
+  check(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+        "--weight-decay must be finite and >= 0; got " + s(o.weight_decay));
+  check(std::isfinite(o.clip) && o.clip >= 0, "--clip must be finite and >= 0 (0 disables it); got " + s(o.clip));
+  check(o.threads >= 0, "--threads must be >= 0 (0: every core); got " + s(o.threads));
+  check(o.eval_every >= 0, "--eval-every must be >= 0 (0: only at the end); got " + s(o.eval_every));
+  check(o.eval_tokens >= 0, "--eval-tokens must be >= 0 (0: the whole split); got " + s(o.eval_tokens));
+  check(o.checkpoint_every >= 0, "--checkpoint-every must be >= 0; got " + s(o.checkpoint_every));
+  check(o.stop_after_steps >= 0, "--stop-after-steps must be >= 0; got " + s(o.stop_after_steps));
+  check(std::isfinite(o.dynamics_init_scale) && o.dynamics_init_scale >= 0,
+        "--dynamics-init-scale must be finite and >= 0; got " + s(o.dynamics_init_scale));
+  check(std::isfinite(o.init_time) && o.init_time > 0, "--init-time must be finite and > 0; got " + s(o.init_time));
+  check(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH (the checkpoint to continue)");
+  check(o.checkpoint_every == 0 || !o.checkpoint.empty(), "--checkpoint-every needs --checkpoint PATH");
+  if (o.warmup >= 0 && o.budget_tokens >= 0 && o.batch > 0 && o.seq > 0) {
+    const Index total = total_steps_for_tokens(effective_budget_tokens(o), o.batch, o.seq);
+    check(o.budget_seconds > 0 || o.warmup <= total,
+          "--warmup " + s(o.warmup) + " exceeds the run's " + s(total) + " steps");
+  }
+  if (!bad.empty()) {
+    if (bad.size() == 1) throw invalid_argument(bad[0]);
+    throw invalid_argument("invalid options:" + join_lines(bad));
+  }
+}
+
+void preflight(const TrainOptions& o) {
+  namespace fs = std::filesystem;
+  validate(o);
+  build_model(model_config(o), o.seed);  // unknown variant, step count, sizes the layer rejects
+  if (!o.metrics.empty()) {
+    const fs::path p(o.metrics);
+    const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      throw io_error("--metrics '" + o.metrics + "': the folder '" + dir.string() + "' does not exist");
+    if (fs::is_directory(p, ec)) throw io_error("--metrics '" + o.metrics + "' is a folder; give a file path");
+  }
+  if (o.checkpoint.empty()) return;
+  std::error_code ec;
+  const bool exists = fs::exists(o.checkpoint, ec);
+  if (exists && fs::is_directory(o.checkpoint, ec))
+    throw io_error("--checkpoint '" + o.checkpoint + "' is a folder; give a file path");
+  if (!o.resume) {
+    if (exists)
+      throw invalid_argument("checkpoint '" + o.checkpoint +
+                             "' exists; pass --resume to continue that run, or choose another path");
+    const fs::path p(o.checkpoint);
+    const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    if (!fs::is_directory(dir, ec))
+      throw io_error("--checkpoint '" + o.checkpoint + "': the folder '" + dir.string() + "' does not exist");
+    return;
+  }
+  if (!exists)
+    throw io_error("--resume: there is no checkpoint at '" + o.checkpoint +
+                   "'; drop --resume to start a new run there");
+  const Checkpoint ckpt = read_checkpoint(o.checkpoint);
+  // Everything but the tokenizer (that needs the data) and, for a --seconds budget, the step count.
+  const bool by_seconds = o.budget_seconds > 0;
+  const Index total = by_seconds ? ckpt.info.run.total_steps
+                                 : total_steps_for_tokens(effective_budget_tokens(o), o.batch, o.seq);
+  const auto diffs = compare_runs(fingerprint(o, total, ckpt.info.run.tokenizer_hash), ckpt.info.run, !by_seconds);
+  if (!diffs.empty())
+    throw invalid_argument("checkpoint '" + o.checkpoint + "' does not match the flags (" +
+                           std::to_string(diffs.size()) + " difference" + (diffs.size() > 1 ? "s" : "") +
+                           "):" + join_lines(diffs));
+}
+
+int idle_cores() {
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+#ifdef _OPENMP
+  cores = omp_get_num_procs();
+#endif
+  cores = std::max(1, cores);
+  // Busy and idle jiffies of all CPUs from the first line of /proc/stat, twice, 0.25 s apart.
+  auto sample = [](double& busy, double& idle) {
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    double v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (!(in >> cpu) || cpu != "cpu") return false;
+    for (double& x : v)
+      if (!(in >> x)) return false;
+    idle = v[3] + v[4];  // idle + iowait
+    busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+    return true;
+  };
+  double b0 = 0, i0 = 0, b1 = 0, i1 = 0;
+  if (!sample(b0, i0)) return cores;
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  if (!sample(b1, i1) || b1 + i1 <= b0 + i0) return cores;
+  const double idle_fraction = (i1 - i0) / ((b1 + i1) - (b0 + i0));
+  return std::clamp(static_cast<int>(std::floor(idle_fraction * cores + 0.3)), 1, cores);
+}
+
+int set_threads(int threads) {
+#ifdef _OPENMP
+  if (threads <= 0) threads = idle_cores();
+  omp_set_num_threads(threads);
+  Eigen::setNbThreads(threads);
+  return threads;
+#else
+  (void)threads;
+  return 1;
+#endif
+}
+
+// ---- data ------------------------------------------------------------------------------------------
+
+TrainData prepare_data(const TrainOptions& o, Progress* progress) {
+  const double t0 = now_seconds();
+  const std::string cache = cache_of(o);
+  Split split = split_documents(load_corpus(o.corpus, cache));
+  const std::string key = corpus_key(o.corpus);
+  Tokenizer tok = Tokenizer::train_or_load(split.train, key, o.vocab, cache);
+  TokenStreams streams = tokenize_split(split, tok, cache, key);
+  SplitStats stats = split_stats(split, streams);
+  std::string bytes = read_file_bytes(tok.model_path());
+  if (progress) {
+    std::ostringstream os;
+    os << "data: corpus '" << o.corpus << "' (" << stats.train.documents + stats.valid.documents + stats.test.documents
+       << " documents), vocab " << tok.vocab_size() << (tok.trained() ? " (tokenizer trained now)" : "")
+       << ", tokens train/valid/test " << streams.train.size() << "/" << streams.valid.size() << "/"
+       << streams.test.size() << ", " << fmt("%.1f", now_seconds() - t0) << " s";
+    progress->message(os.str());
+  }
+  return TrainData{key, std::move(tok), std::move(bytes), std::move(streams), stats};
+}
+
+Perplexity evaluate_stream(const Model& model, Tape<float>& tape, const std::vector<std::int32_t>& stream,
+                           Index seq, Index batch, Index max_tokens) {
+  const Index N = static_cast<Index>(stream.size());
+  require(N >= 2, "evaluate: the stream holds ", N, " token(s); at least 2 are needed (one to predict)");
+  require(seq > 0 && batch > 0, "evaluate: seq and batch must be positive; got ", seq, ", ", batch);
+  const Index W = std::min(seq, N - 1);
+  Index count = (N - 1) / W;
+  if (max_tokens > 0) count = std::min(count, std::max<Index>(1, max_tokens / W));
+  std::vector<std::int32_t> tokens, targets;
+  double total = 0;
+  for (Index i = 0; i < count; i += batch) {
+    const Index nb = std::min(batch, count - i);
+    tokens.resize(static_cast<std::size_t>(nb * W));
+    targets.resize(tokens.size());
+    for (Index b = 0; b < nb; ++b) {
+      const auto s = static_cast<std::ptrdiff_t>((i + b) * W);
+      std::copy(stream.begin() + s, stream.begin() + s + W, tokens.begin() + b * W);
+      std::copy(stream.begin() + s + 1, stream.begin() + s + 1 + W, targets.begin() + b * W);
+    }
+    total += static_cast<double>(model.evaluate(tape, tokens, targets, nb)) * static_cast<double>(nb * W);
+  }
+  Perplexity p;
+  p.tokens = count * W;
+  p.loss = total / static_cast<double>(p.tokens);
+  p.ppl = std::exp(p.loss);
+  return p;
+}
+
+// ---- interruption ----------------------------------------------------------------------------------
+
+namespace {
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
+  std::signal(sig, SIG_DFL);  // a second one terminates
+}
+}  // namespace
+
+void install_interrupt_handler() {
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+}
+
+bool interrupted() { return g_signal != 0; }
+
+// ---- training --------------------------------------------------------------------------------------
+
+TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progress) {
+  const double session_start = now_seconds();
+  preflight(o);
+  TrainResult r;
+  // Automatic thread count on resume: the checkpoint's, so that the continuation is exact.
+  if (o.threads == 0 && o.resume) r.threads = set_threads(read_checkpoint(o.checkpoint).info.threads);
+  else r.threads = set_threads(o.threads);
+  const Index B = o.batch, T = o.seq;
+
+  // The data must fit the options.
+  require(data.tokenizer.vocab_size() == o.vocab, "the tokenizer has ", data.tokenizer.vocab_size(),
+          " pieces but --vocab is ", o.vocab);
+  require(static_cast<Index>(data.streams.train.size()) >= T + 1, "the training split has ",
+          data.streams.train.size(), " tokens; --seq ", T, " needs at least ", T + 1,
+          " (use a shorter --seq or more text)");
+  require(data.streams.valid.size() >= 2 && data.streams.test.size() >= 2, "the validation and test splits hold ",
+          data.streams.valid.size(), " and ", data.streams.test.size(), " tokens; each needs at least 2");
+
+  auto model = build_model(model_config(o), o.seed);
+  r.config = model->config();
+  r.params = model->parameter_report();
+
+  // Resume: read the checkpoint (preflight checked it is readable and that its model matches).
+  std::unique_ptr<Checkpoint> ckpt;
+  if (o.resume) ckpt = std::make_unique<Checkpoint>(read_checkpoint(o.checkpoint));
+  Tape<float> tape;
+
+  // The length of the run.
+  Index total_steps = 0;
+  if (o.budget_seconds > 0 && ckpt) {
+    total_steps = ckpt->info.run.total_steps;
+  } else if (o.budget_seconds > 0) {
+    // Probe: a few forward + backward passes on batches from a separate generator (the model and
+    // the sampler are untouched), then as many steps as fit, periodic evaluations included
+    // (a forward-only token costs about a third of a training token). Not reproducible.
+    Rng probe(o.seed + 12345);
+    std::vector<std::int32_t> tk, tg;
+    double step_time = 0;
+    for (int i = 0; i < 3; ++i) {
+      sample_batch(data.streams.train, B, T, probe, tk, tg);
+      const double t0 = now_seconds();
+      model->zero_grad();
+      model->loss(tape, tk, tg, B);
+      if (i > 0) step_time += (now_seconds() - t0) / 2;
+    }
+    model->zero_grad();
+    step_time *= 1.05;  // the optimiser update
+    const Index eval_tokens =
+        o.eval_tokens > 0 ? std::min<Index>(o.eval_tokens, static_cast<Index>(data.streams.valid.size()))
+                          : static_cast<Index>(data.streams.valid.size());
+    const double eval_cost = o.eval_every > 0 ? 0.35 * step_time * static_cast<double>(eval_tokens) /
+                                                    static_cast<double>(B * T) / static_cast<double>(o.eval_every)
+                                              : 0.0;
+    total_steps = std::max<Index>(1, static_cast<Index>(o.budget_seconds / (step_time + eval_cost)));
+    progress.message("--seconds " + fmt("%g", o.budget_seconds) + ": " + fmt("%.3f", step_time) +
+                     " s per step measured, so " + std::to_string(total_steps) + " steps (" +
+                     format_count(static_cast<double>(total_steps * B * T)) + " tokens)");
+  } else {
+    total_steps = total_steps_for_tokens(effective_budget_tokens(o), B, T);
+  }
+  require(o.warmup <= total_steps, "--warmup ", o.warmup, " exceeds the run's ", total_steps, " steps");
+  r.total_steps = total_steps;
+
+  const RunFingerprint run = fingerprint(o, total_steps, data.tokenizer.model_hash());
+  AdamW<float> opt(model->parameters(), model->gradients(), optimiser_config(o, total_steps));
+  Rng sampler(sampler_seed(o.seed));
+  RunState state;
+  if (ckpt) {
+    const auto diffs = compare_runs(run, ckpt->info.run, o.budget_seconds <= 0);
+    if (!diffs.empty())
+      throw invalid_argument("checkpoint '" + o.checkpoint + "' does not match the flags (" +
+                             std::to_string(diffs.size()) + " difference" + (diffs.size() > 1 ? "s" : "") +
+                             "):" + join_lines(diffs));
+    restore_model(*ckpt, *model);
+    restore_optimizer(*ckpt, opt);
+    state = ckpt->info.state;
+    sampler.set_state(state.sampler);
+    if (ckpt->info.threads != r.threads)
+      progress.message("note: the checkpoint was written with " + std::to_string(ckpt->info.threads) +
+                       " thread(s), this session uses " + std::to_string(r.threads) +
+                       "; the continuation is exact only with the same thread count");
+    progress.message("resuming '" + o.checkpoint + "' at step " + std::to_string(state.step) + " of " +
+                     std::to_string(total_steps));
+    ckpt.reset();
+  }
+  r.start_step = state.step;
+  r.curve = state.curve;
+
+  CheckpointInfo info;
+  info.run = run;
+  info.threads = r.threads;
+  info.budget_tokens = o.budget_seconds > 0 ? 0 : effective_budget_tokens(o);
+  info.budget_seconds = o.budget_seconds;
+  const double elapsed_before = state.elapsed;
+  auto save = [&]() {
+    if (o.checkpoint.empty()) return;
+    state.sampler = sampler.state();
+    state.elapsed = elapsed_before + (now_seconds() - session_start);
+    state.curve = r.curve;
+    info.state = state;
+    write_checkpoint(o.checkpoint, *model, opt, data.tokenizer_bytes, info);
+  };
+
+  MetricsLog metrics;
+  if (!o.metrics.empty()) metrics = MetricsLog(o.metrics, o.resume);
+
+  // ---- the loop
+  std::vector<std::int32_t> tokens, targets;
+  double train_time = 0;
+  Index session_tokens = 0;
+  while (state.step < total_steps) {
+    const double t0 = now_seconds();
+    sample_batch(data.streams.train, B, T, sampler, tokens, targets);
+    model->zero_grad();
+    const float loss = model->loss(tape, tokens, targets, B);
+    if (!std::isfinite(loss))
+      throw std::runtime_error("training diverged at step " + std::to_string(state.step + 1) + ": the loss is " +
+                               fmt("%g", loss) + "; lower --lr (now " + fmt("%g", o.lr) + ") or keep --clip");
+    const StepReport rep = opt.step();
+    train_time += now_seconds() - t0;
+    ++state.step;
+    state.tokens_seen = state.step * B * T;
+    session_tokens += B * T;
+    r.losses.push_back(loss);
+    r.grad_norms.push_back(rep.grad_norm);
+
+    StepMetrics m;
+    m.step = state.step;
+    m.total_steps = total_steps;
+    m.tokens = state.tokens_seen;
+    m.loss = loss;
+    m.lr = rep.lr;
+    m.grad_norm = rep.grad_norm;
+    m.tokens_per_s = static_cast<double>(session_tokens) / train_time;
+    m.elapsed = elapsed_before + (now_seconds() - session_start);
+    progress.step(m);
+    metrics.step(m);
+
+    if (o.eval_every > 0 && state.step % o.eval_every == 0 && state.step < total_steps) {
+      const Perplexity p = evaluate_stream(*model, tape, data.streams.valid, T, B, o.eval_tokens);
+      r.curve.push_back(CurvePoint{state.step, state.tokens_seen, p.loss, p.ppl});
+      const EvalMetrics e{state.step, state.tokens_seen, "valid", p.tokens, p.loss, p.ppl,
+                          elapsed_before + (now_seconds() - session_start)};
+      progress.eval(e);
+      metrics.eval(e);
+    }
+    if (o.stop_after_steps > 0 && state.step == o.stop_after_steps && state.step < total_steps) {
+      r.stopped_early = true;
+      save();
+      progress.message("stopped after step " + std::to_string(state.step) + " as asked (--stop-after-steps)" +
+                       (o.checkpoint.empty() ? std::string() : "; checkpoint written to '" + o.checkpoint + "'"));
+      break;
+    }
+    if (interrupted() && state.step < total_steps) {
+      r.stopped_early = r.interrupted = true;
+      save();
+      progress.message("interrupted after step " + std::to_string(state.step) +
+                       (o.checkpoint.empty() ? std::string("; no --checkpoint, nothing saved")
+                                             : "; checkpoint written to '" + o.checkpoint + "' (continue with --resume)"));
+      break;
+    }
+    if (o.checkpoint_every > 0 && state.step % o.checkpoint_every == 0 && state.step < total_steps) save();
+  }
+  progress.finish();
+
+  r.steps_done = state.step;
+  r.tokens_seen = state.tokens_seen;
+  r.tokens_per_s = train_time > 0 ? static_cast<double>(session_tokens) / train_time : 0;
+  r.last_loss = r.losses.empty() ? std::nan("") : r.losses.back();
+  if (!r.losses.empty()) {
+    const std::size_t n = std::min<std::size_t>(20, r.losses.size());
+    double s = 0;
+    for (std::size_t i = r.losses.size() - n; i < r.losses.size(); ++i) s += r.losses[i];
+    r.final_train_loss = s / static_cast<double>(n);
+  } else {
+    r.final_train_loss = std::nan("");
+  }
+
+  if (!r.stopped_early) {
+    const Perplexity v = evaluate_stream(*model, tape, data.streams.valid, T, B, 0);
+    const Perplexity t = evaluate_stream(*model, tape, data.streams.test, T, B, 0);
+    r.valid_loss = v.loss;
+    r.valid_ppl = v.ppl;
+    r.test_loss = t.loss;
+    r.test_ppl = t.ppl;
+    // The curve's points are all measured on the same tokens (the --eval-tokens cap), so its last
+    // point is too; the table's numbers above use the whole splits.
+    const bool capped = o.eval_tokens > 0 && o.eval_tokens < v.tokens;
+    const Perplexity c = capped ? evaluate_stream(*model, tape, data.streams.valid, T, B, o.eval_tokens) : v;
+    if (!r.curve.empty() && r.curve.back().step == state.step) r.curve.pop_back();
+    r.curve.push_back(CurvePoint{state.step, state.tokens_seen, c.loss, c.ppl});
+    const double el = elapsed_before + (now_seconds() - session_start);
+    const EvalMetrics ev{state.step, state.tokens_seen, "valid", v.tokens, v.loss, v.ppl, el};
+    const EvalMetrics et{state.step, state.tokens_seen, "test", t.tokens, t.loss, t.ppl, el};
+    progress.eval(ev);
+    progress.eval(et);
+    metrics.eval(ev);
+    metrics.eval(et);
+    save();
+  } else {
+    r.valid_loss = r.valid_ppl = r.test_loss = r.test_ppl = std::nan("");
+  }
+  r.train_seconds = elapsed_before + (now_seconds() - session_start);
+  r.wall_seconds = now_seconds() - session_start;
+  metrics.line(summary_json(o, r));
+  return r;
+}
+
+std::string summary_json(const TrainOptions& o, const TrainResult& r) {
+  nlohmann::ordered_json j;
+  j["type"] = "summary";
+  j["attention"] = r.config.attention;
+  j["steps"] = r.config.steps;
+  j["corpus"] = o.corpus;
+  j["seed"] = o.seed;
+  j["parameters"] = r.params.total;
+  j["dynamics_parameters"] = r.params.dynamics;
+  j["dynamics_percent"] = r.params.dynamics_percent;
+  j["threads"] = r.threads;
+  j["steps_done"] = r.steps_done;
+  j["total_steps"] = r.total_steps;
+  j["tokens"] = r.tokens_seen;
+  j["stopped_early"] = r.stopped_early;
+  j["final_train_loss"] = r.final_train_loss;
+  j["valid_loss"] = r.valid_loss;
+  j["valid_ppl"] = r.valid_ppl;
+  j["test_loss"] = r.test_loss;
+  j["test_ppl"] = r.test_ppl;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["train_seconds"] = r.train_seconds;
+  j["wall_seconds"] = r.wall_seconds;
+  return j.dump();
+}
+
+// ---- flags -----------------------------------------------------------------------------------------
+
+std::vector<FlagSpec> train_flags(TrainOptions& o, bool run_flags) {
+  std::vector<FlagSpec> f;
+  f.push_back({"--corpus", "corpus: sotu, brown, moby-dick, a text file or a folder of text files", &o.corpus});
+  f.push_back({"--cache", "cache folder for corpora, tokenizers and token streams ($COUPLEDQK_CACHE, else "
+                          "<source>/.cache)", &o.cache_dir});
+  f.push_back({"--vocab", "SentencePiece BPE vocabulary size V", &o.vocab});
+  if (run_flags) {
+    f.push_back({"--attention", "attention variant: standard, leapfrog, euler, uncoupled, diff, diff-leapfrog, "
+                                "diff-euler, diff-uncoupled", &o.attention});
+    f.push_back({"--steps", "integration sub-steps N of the dynamics (1..7)", &o.steps});
+  }
+  f.push_back({"--m", "dynamics hidden width m (0: D/H)", &o.hidden});
+  f.push_back({"--dim", "model width D", &o.dim});
+  f.push_back({"--layers", "number of blocks L", &o.layers});
+  f.push_back({"--heads", "attention heads H (query/key pairs per token)", &o.heads});
+  f.push_back({"--seq", "sequence length T (the model's context)", &o.seq});
+  f.push_back({"--batch", "sequences per step B", &o.batch});
+  f.push_back({"--tokens", "token budget: ceil(tokens / (B*T)) steps (default " +
+                               std::to_string(Defaults::budget_tokens) + " unless --seconds)", &o.budget_tokens, false});
+  f.push_back({"--seconds", "time budget instead of --tokens: steps estimated from measured speed "
+                            "(not reproducible)", &o.budget_seconds, false});
+  f.push_back({"--lr", "peak learning rate (AdamW, after warm-up)", &o.lr});
+  f.push_back({"--min-lr", "floor of the cosine decay (default: 10% of --lr)", &o.min_lr, false});
+  f.push_back({"--warmup", "linear warm-up steps (default: 5% of the steps, at least 1)", &o.warmup, false});
+  f.push_back({"--weight-decay", "decoupled weight decay on matrices", &o.weight_decay});
+  f.push_back({"--clip", "global gradient-norm clipping (0: off)", &o.clip});
+  f.push_back({"--dynamics-init-scale", "std of the dynamics' output weights at init (0: standard at init)",
+               &o.dynamics_init_scale});
+  f.push_back({"--init-time", "integration time tau at init", &o.init_time});
+  f.push_back({"--seed", "seed of the initialisation and the batch sampler", &o.seed});
+  f.push_back({"--threads", "threads for Eigen's GEMMs and OpenMP loops; 0: the cores idle at start (all of them on an "
+                            "idle machine, 1 when other processes are busy; a resumed run: the checkpoint's count). "
+                            "Results are bit-identical only for the same count", &o.threads});
+  f.push_back({"--eval-every", "steps between validation evaluations (0: only at the end)", &o.eval_every});
+  f.push_back({"--eval-tokens", "validation tokens scored by periodic evaluations (0: all; the final one uses all)",
+               &o.eval_tokens});
+  if (run_flags) {
+    f.push_back({"--checkpoint", "checkpoint file: written at the end and every --checkpoint-every steps",
+                 &o.checkpoint});
+    f.push_back({"--checkpoint-every", "steps between checkpoints (0: only at the end)", &o.checkpoint_every});
+    f.push_back({"--resume", "continue the run saved in --checkpoint (the flags must match it)", &o.resume});
+    f.push_back({"--metrics", "metrics file, JSON lines (appended to when resuming)", &o.metrics});
+    f.push_back({"--stop-after-steps", "stop as if interrupted after this many steps, writing the checkpoint "
+                                       "(for tests)", &o.stop_after_steps});
+  }
+  return f;
+}
+
+}  // namespace coupledqk::train

@@ -1,0 +1,190 @@
+// Training a GPT with coupled query-key attention on a corpus (docs/training.md):
+//
+//   TrainOptions o;  o.attention = "leapfrog";  o.budget_tokens = 1'000'000;
+//   TrainData data = prepare_data(o);            // load, split 90/5/5, tokenizer, token streams
+//   Progress progress;                           // bar on a terminal, lines otherwise
+//   TrainResult r = train(o, data, progress);    // AdamW + cosine schedule; valid/test perplexity
+//
+// Each step draws B windows of T+1 tokens from the training stream at uniformly random offsets
+// (a dedicated coupledqk::Rng whose state is checkpointed), runs model.loss (forward + backward)
+// and one AdamW update. Same seed, data, thread count and binary: bit-identical losses. A run
+// stopped and resumed from its checkpoint ends with exactly the parameters of an uninterrupted run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include <coupledqk/autodiff/tape.hpp>
+
+#include "checkpoint.hpp"
+#include "progress.hpp"
+#include "tokenizer.hpp"
+
+namespace coupledqk::train {
+
+/// Defaults of the main job (coupledqk-compare) and of coupledqk-train, which differ only in the
+/// vocabulary; docs/training.md gives the measurements behind them.
+struct Defaults {
+  static constexpr int vocab = 8192;          ///< coupledqk-train
+  static constexpr int compare_vocab = 4096;  ///< coupledqk-compare: half the output layer's cost
+  static constexpr Index dim = 128, layers = 2, heads = 4, seq = 128, batch = 16;
+  static constexpr Index budget_tokens = 524'288;  // 256 steps of B*T = 2048 tokens
+  static constexpr double lr = 2e-3;
+  static constexpr Index eval_every = 32;
+  static constexpr Index eval_tokens = 8192;
+  static constexpr int threads = 0;  ///< automatic: idle_cores()
+};
+
+struct TrainOptions {
+  // ---- data
+  std::string corpus = "sotu";  ///< a corpus name, a file or a folder (load_corpus)
+  std::string cache_dir = default_cache_dir();  ///< corpora, tokenizers, token streams (empty: the default)
+  int vocab = Defaults::vocab;  ///< SentencePiece vocabulary size V
+  // ---- model
+  std::string attention = "standard";  ///< registry name: standard, leapfrog, euler, uncoupled, diff, ...
+  int steps = 1;                       ///< integration sub-steps N
+  Index hidden = 0;                    ///< dynamics width m; 0: D/H
+  Index dim = Defaults::dim, layers = Defaults::layers, heads = Defaults::heads;
+  Index seq = Defaults::seq;  ///< T, the training sequence length; the model's context is T
+  double dynamics_init_scale = 0.0;
+  double init_time = 1.0;
+  // ---- optimisation
+  Index batch = Defaults::batch;  ///< B sequences per step
+  Index budget_tokens = 0;        ///< total_steps = ceil(budget_tokens / (B*T)); reproducible
+  double budget_seconds = 0;      ///< total_steps estimated from the speed of a few probe steps
+  double lr = Defaults::lr;       ///< peak learning rate
+  double min_lr = -1;             ///< floor of the cosine decay; < 0: 10% of lr
+  Index warmup = -1;              ///< linear warm-up steps; < 0: 5% of total steps, at least 1
+  double weight_decay = 0.1;
+  double clip = 1.0;              ///< global gradient-norm clipping; 0 disables it
+  std::uint64_t seed = 1;         ///< model initialisation and batch sampling
+  int threads = Defaults::threads; ///< Eigen/OpenMP threads; 0: idle_cores() (or the checkpoint's on resume)
+  // ---- evaluation
+  Index eval_every = Defaults::eval_every;    ///< steps between validation evaluations; 0: only at the end
+  Index eval_tokens = Defaults::eval_tokens;  ///< cap of validation tokens for periodic evaluations; 0: all
+  // ---- checkpoints and logs
+  std::string checkpoint;     ///< checkpoint file (written at the end, every checkpoint_every steps)
+  Index checkpoint_every = 0;
+  bool resume = false;        ///< continue from `checkpoint`
+  std::string metrics;        ///< JSON-lines file (appended to when resuming)
+  Index stop_after_steps = 0; ///< stop as if interrupted once this many steps are done (checkpoint written)
+  ProgressMode progress = ProgressMode::automatic;
+};
+
+/// The token budget in effect: budget_tokens, or Defaults::budget_tokens when neither budget is set.
+Index effective_budget_tokens(const TrainOptions& o);
+
+/// Throws coupledqk::invalid_argument listing every problem with the options (sizes, ranges,
+/// budgets, flag combinations) and, through make_gpt, an unknown variant or step count.
+void validate(const TrainOptions& o);
+
+/// The checks that need neither data nor training: validate(o), the model can be built, and the
+/// checkpoint rules (--checkpoint naming an existing file needs --resume; --resume needs an
+/// existing, readable coupledqk checkpoint whose model matches the flags). Run it before the
+/// (slow) data preparation so that bad input fails fast. Never writes anything.
+void preflight(const TrainOptions& o);
+
+/// The model's configuration for these options (context = seq).
+GptConfig model_config(const TrainOptions& o);
+
+/// The cores that are idle now: the idle share of all CPUs over 0.25 s (/proc/stat) times the
+/// core count, rounded down after adding 0.3, at least 1 (every core where /proc/stat is missing).
+/// Several threads are much slower than one when another process competes for the cores (Eigen's
+/// GEMM threads spin-wait on each other), so the automatic count avoids busy cores.
+int idle_cores();
+
+/// Sets Eigen's and OpenMP's thread counts (0: idle_cores()) and returns the count. Without
+/// OpenMP: 1.
+int set_threads(int threads);
+
+/// Data for training: the corpus split 90/5/5 by document, the tokenizer trained on the training
+/// split, and the token streams (all cached under cache_dir).
+struct TrainData {
+  std::string corpus_key;
+  Tokenizer tokenizer;
+  std::string tokenizer_bytes;  ///< the .model file, stored in checkpoints
+  TokenStreams streams;
+  SplitStats stats;
+};
+TrainData prepare_data(const TrainOptions& o, Progress* progress = nullptr);
+
+/// Mean cross-entropy and perplexity over non-overlapping windows of `seq` tokens of a stream
+/// (each predicting its next tokens), `batch` windows at a time. max_tokens > 0 caps the tokens
+/// scored (whole windows, at least one); 0 scores the whole stream.
+struct Perplexity {
+  double loss = 0, ppl = 0;
+  Index tokens = 0;
+};
+Perplexity evaluate_stream(const Model& model, Tape<float>& tape, const std::vector<std::int32_t>& stream,
+                           Index seq, Index batch, Index max_tokens = 0);
+
+struct TrainResult {
+  GptConfig config;
+  ParameterReport params;
+  int threads = 0;
+  Index start_step = 0;              ///< steps already done when this session started (resume)
+  Index steps_done = 0, total_steps = 0;
+  Index tokens_seen = 0;
+  bool stopped_early = false;        ///< stop_after_steps or a signal: no final evaluation
+  bool interrupted = false;          ///< stopped by SIGINT / SIGTERM (install_interrupt_handler)
+  std::vector<float> losses;         ///< training loss of every step of this session
+  std::vector<double> grad_norms;    ///< gradient norm of every step of this session
+  double last_loss = 0;              ///< the last step's loss
+  double final_train_loss = 0;       ///< mean loss of the last (up to) 20 steps
+  double valid_loss = 0, valid_ppl = 0;  ///< whole validation split, at the end
+  double test_loss = 0, test_ppl = 0;    ///< whole test split, at the end
+  double tokens_per_s = 0;           ///< training throughput of this session (evaluations excluded)
+  double train_seconds = 0;          ///< training time, all sessions (RunState::elapsed)
+  double wall_seconds = 0;           ///< this session, evaluations and checkpoints included
+  std::vector<CurvePoint> curve;     ///< (tokens seen, valid ppl): periodic evaluations, then the final one
+};
+
+/// Installs a SIGINT / SIGTERM handler after which train() stops at the end of the current step,
+/// writes its checkpoint (when it has a path) and returns with `interrupted` set; a second signal
+/// terminates as usual. interrupted(): whether a signal arrived.
+void install_interrupt_handler();
+bool interrupted();
+
+/// Trains as the options say (see the file comment). Throws invalid_argument / io_error on bad
+/// input before anything is written.
+TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progress);
+
+/// The result as one JSON object ("type": "summary"), as written at the end of the metrics file.
+std::string summary_json(const TrainOptions& o, const TrainResult& r);
+
+// ---- command-line flags, described without a CLI library ----------------------------------------
+
+/// One flag bound to a field of the options (the mains turn these into CLI11 options).
+struct FlagSpec {
+  std::string name;  ///< "--dim"
+  std::string help;
+  std::variant<std::string*, int*, Index*, double*, std::uint64_t*, bool*> target;
+  bool show_default = true;  ///< false where the field's initial value is a "not given" marker
+};
+
+/// The flags of a training run. run_flags: include the flags that only make sense for one run
+/// (--attention, --steps, --checkpoint*, --resume, --metrics, --stop-after-steps).
+std::vector<FlagSpec> train_flags(TrainOptions& o, bool run_flags);
+
+/// Registers the flags with a CLI11-like `app` (add_option(name, value, help) returning an option
+/// with capture_default_str(); add_flag(name, bool, help)), without this header depending on it.
+template <class App>
+void add_flags(App& app, const std::vector<FlagSpec>& specs) {
+  for (const FlagSpec& f : specs)
+    std::visit(
+        [&](auto* target) {
+          using T = std::remove_pointer_t<decltype(target)>;
+          if constexpr (std::is_same_v<T, bool>)
+            app.add_flag(f.name, *target, f.help);
+          else if (f.show_default)
+            app.add_option(f.name, *target, f.help)->capture_default_str();
+          else
+            app.add_option(f.name, *target, f.help);
+        },
+        f.target);
+}
+
+}  // namespace coupledqk::train
