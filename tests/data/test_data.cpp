@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "data.hpp"
+#include "support/files.hpp"
 #include "tokenizer.hpp"
 
 namespace fs = std::filesystem;
@@ -23,49 +24,12 @@ using namespace coupledqk::train;
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using cqk_test_support::contains;
+using cqk_test_support::error_of;
+using cqk_test_support::TempDir;
 
-// Runs f, requires it to throw E, returns the message.
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL("wrong exception type: ", e.what());
-    return {};
-  }
-  FAIL("nothing was thrown");
-  return {};
-}
-
-// A fresh folder under the system temporary folder, removed at the end of the scope.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("coupledqk-test-data-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
-
-void write(const fs::path& path, const std::string& bytes) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
-std::string read(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+void write(const fs::path& path, const std::string& bytes) { cqk_test_support::write_file(path, bytes); }
+std::string read(const fs::path& path) { return cqk_test_support::read_file(path); }
 
 // Deterministic English-like text with numbers, punctuation, quotes and a few non-ASCII characters.
 struct TextGen {

@@ -15,6 +15,7 @@
 
 #include <doctest/doctest.h>
 
+#include "support/files.hpp"
 #include "trainer.hpp"
 
 namespace cqk_train_test {
@@ -23,52 +24,11 @@ namespace fs = std::filesystem;
 using namespace coupledqk;
 using namespace coupledqk::train;
 
-inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-/// Runs f, requires it to throw an E, returns the message.
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL("wrong exception type: ", e.what());
-    return {};
-  }
-  FAIL("nothing was thrown");
-  return {};
-}
-
-/// A fresh folder under the system temporary folder, removed at the end of the scope.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag = "t") {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("coupledqk-test-train-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string str() const { return path.string(); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-inline void write_file(const fs::path& path, const std::string& bytes) {
-  fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
-inline std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+using cqk_test_support::contains;
+using cqk_test_support::error_of;
+using cqk_test_support::read_file;
+using cqk_test_support::TempDir;
+using cqk_test_support::write_file;
 
 /// Pseudo-English: words built from a fixed syllable list, so the text has the repetition BPE needs
 /// for a 400-piece vocabulary, with some structure for a model to learn (word 2 of a pair often
