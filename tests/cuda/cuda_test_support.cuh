@@ -1,0 +1,65 @@
+// Helpers shared by the CUDA tests: random host data, poisoned device outputs, error norms.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <coupledqk/core/random.hpp>
+#include <coupledqk/cuda/runtime.cuh>
+
+namespace coupledqk::cuda::testing {
+
+/// n normal(0, std^2) floats from a coupledqk::Rng.
+inline std::vector<float> random_vector(std::size_t n, std::uint64_t seed, double std = 1.0) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal() * std);
+  return v;
+}
+
+/// Host floats -> device buffer of storage T (float or bf16).
+template <class T>
+DeviceBuffer<T> to_device(const std::vector<float>& host) {
+  DeviceBuffer<float> f;
+  f.upload(host);
+  DeviceBuffer<T> out(host.size());
+  convert<T, float>(f.data(), out.data(), static_cast<Index>(host.size()));
+  COUPLEDQK_CUDA_CHECK(cudaDeviceSynchronize());
+  return out;
+}
+
+/// Device buffer of storage T -> host floats.
+template <class T>
+std::vector<float> to_host(const DeviceBuffer<T>& d) {
+  DeviceBuffer<float> f(d.size());
+  convert<float, T>(d.data(), f.data(), static_cast<Index>(d.size()));
+  COUPLEDQK_CUDA_CHECK(cudaDeviceSynchronize());
+  return f.download();
+}
+
+/// A device buffer of n elements filled with NaN (0xFF bytes): outputs a kernel must overwrite.
+template <class T>
+DeviceBuffer<T> poisoned(std::size_t n) {
+  DeviceBuffer<T> b(n);
+  b.poison();
+  return b;
+}
+
+/// max |a - b| / max(max |b|, floor): relative to the reference's scale, NaN-propagating.
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& want, double floor = 1e-6) {
+  REQUIRE(got.size() == want.size());
+  double scale = floor, err = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) scale = std::max(scale, std::abs(double(want[i])));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double e = std::abs(double(got[i]) - double(want[i]));
+    if (!(e <= err)) err = std::isnan(e) ? INFINITY : e;  // NaN (a poisoned entry left) -> inf
+  }
+  return err / scale;
+}
+
+}  // namespace coupledqk::cuda::testing
