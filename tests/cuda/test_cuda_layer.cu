@@ -1,0 +1,174 @@
+// The CUDA attention layer against the CPU layer (double precision) for every registry variant:
+// forward output, dLoss/dx and every parameter gradient, float32 (<= 1e-4 relative) and bf16
+// storage (<= 2e-2), on shapes whose T is not a multiple of the tile. Device outputs start as NaN.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <coupledqk/coupledqk.hpp>
+#include <coupledqk/cuda/attention.cuh>
+
+#include "cuda_test_support.cuh"
+
+namespace cqk = coupledqk;
+using namespace coupledqk::cuda;
+using namespace coupledqk::cuda::testing;
+
+namespace {
+
+struct Shape {
+  cqk::Index batch, seq, dim, heads;
+};
+
+/// Rounds every value to bf16 and back (the inputs the bf16 layer actually sees).
+std::vector<float> bf16_rounded(std::vector<float> v) {
+  for (float& x : v) x = __bfloat162float(__float2bfloat16_rn(x));
+  return v;
+}
+
+template <class I, class Sc, class T>
+void check_layer(const Shape& sh, int layer_index, double tol) {
+  cqk::AttentionConfig config;
+  config.dim = sh.dim;
+  config.heads = sh.heads;
+  config.layer_index = layer_index;
+  config.dynamics_init_scale = 0.3;  // a, c, P*2 non-zero: the dynamics are not the identity
+  config.init_std = 0.2;
+  config.init_time = 0.7;
+  const std::uint64_t seed = 11 + layer_index;
+  cqk::Attention<float, I, Sc> host_f(config, seed);
+  const cqk::Index N = sh.batch * sh.seq, D = sh.dim;
+  const bool half = std::is_same_v<T, bf16>;
+
+  // The reference: the CPU layer in double, with exactly the float parameters (bf16-rounded for
+  // the bf16 layer's GEMM operands would change the weights themselves; the masters stay float, so
+  // the reference keeps float weights and the tolerance covers the storage rounding).
+  cqk::Attention<double, I, Sc> host_d(config, seed);
+  {
+    std::vector<const float*> src;
+    host_f.params.visit([&](const char*, const auto& t) { src.push_back(t.data()); });
+    std::size_t i = 0;
+    host_d.params.visit([&](const char*, auto& t) {
+      for (cqk::Index j = 0; j < t.size(); ++j) t.data()[j] = src[i][j];
+      ++i;
+    });
+  }
+  std::vector<float> x = random_vector(static_cast<std::size_t>(N * D), 101);
+  std::vector<float> dy = random_vector(static_cast<std::size_t>(N * D), 202);
+  if (half) x = bf16_rounded(x);
+  cqk::Matrix<double> xd(N, D), dyd(N, D);
+  for (cqk::Index i = 0; i < N * D; ++i) {
+    xd.data()[i] = x[static_cast<std::size_t>(i)];
+    dyd.data()[i] = dy[static_cast<std::size_t>(i)];
+  }
+  typename cqk::Attention<double, I, Sc>::Context ctx_d;
+  const cqk::Matrix<double> y_ref = host_d.forward(xd, sh.batch, &ctx_d);
+  auto grad_ref = host_d.zero_gradients();
+  const cqk::Matrix<double> dx_ref = host_d.backward(ctx_d, dyd, grad_ref);
+
+  // The device layer.
+  Attention<I, Sc, T> layer(config);
+  REQUIRE(layer.parameter_count() == host_f.parameter_count());
+  DeviceBuffer<float> params(static_cast<std::size_t>(layer.parameter_count()));
+  upload_parameters(host_f.params, params.data());
+  DeviceBuffer<T> params_t(params.size());
+  convert<T, float>(params.data(), params_t.data(), static_cast<Index>(params.size()));
+  DeviceBuffer<T> xdev = to_device<T>(x);
+  DeviceBuffer<T> y = poisoned<T>(static_cast<std::size_t>(N * D));
+  DeviceBuffer<float> dydev;
+  dydev.upload(dy);
+  DeviceBuffer<float> dx = poisoned<float>(static_cast<std::size_t>(N * D));
+  DeviceBuffer<float> grads(params.size());
+  grads.zero();
+  Blas blas;
+  typename Attention<I, Sc, T>::Context ctx;
+  layer.forward(blas, params.data(), params_t.data(), xdev.data(), sh.batch, sh.seq, y.data(), ctx, true);
+  layer.backward(blas, params.data(), params_t.data(), ctx, dydev.data(), dx.data(), grads.data());
+  COUPLEDQK_CUDA_CHECK(cudaDeviceSynchronize());
+
+  auto flat = [](const cqk::Matrix<double>& m) {
+    std::vector<float> v(static_cast<std::size_t>(m.size()));
+    for (cqk::Index i = 0; i < m.size(); ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(m.data()[i]);
+    return v;
+  };
+  const std::string what = std::string(I::has_dynamics ? I::name : "identity") + "/" + Sc::name + "/" +
+                           std::to_string(I::steps) + " " + (half ? "bf16" : "f32") + " B" +
+                           std::to_string(sh.batch) + " T" + std::to_string(sh.seq) + " D" + std::to_string(sh.dim) +
+                           " H" + std::to_string(sh.heads);
+  CAPTURE(what);
+  CHECK(relative_error(to_host(y), flat(y_ref)) <= tol);
+  CHECK(relative_error(dx.download(), flat(dx_ref)) <= tol);
+  const std::vector<float> g = grads.download();
+  std::size_t off = 0;
+  grad_ref.visit([&](const char* name, const auto& t) {
+    std::vector<float> want(static_cast<std::size_t>(t.size())), got(want.size());
+    for (cqk::Index j = 0; j < t.size(); ++j) {
+      want[static_cast<std::size_t>(j)] = static_cast<float>(t.data()[j]);
+      got[static_cast<std::size_t>(j)] = g[off + static_cast<std::size_t>(j)];
+    }
+    off += want.size();
+    const double e = relative_error(got, want);
+    CAPTURE(name);
+    CHECK(e <= tol);
+  });
+}
+
+template <class T>
+void check_all(double tol) {
+  const Shape shapes[] = {{2, 37, 64, 4}, {1, 130, 128, 2}};
+  for (const Shape& sh : shapes) {
+    for (int layer : {0, 2}) {
+      check_layer<cqk::Identity, cqk::Softmax, T>(sh, layer, tol);
+      check_layer<cqk::Leapfrog<1>, cqk::Softmax, T>(sh, layer, tol);
+      check_layer<cqk::Leapfrog<3>, cqk::Softmax, T>(sh, layer, tol);
+      check_layer<cqk::Euler<1>, cqk::Softmax, T>(sh, layer, tol);
+      check_layer<cqk::Euler<3>, cqk::Softmax, T>(sh, layer, tol);
+      check_layer<cqk::Uncoupled<1>, cqk::Softmax, T>(sh, layer, tol);
+      check_layer<cqk::Uncoupled<3>, cqk::Softmax, T>(sh, layer, tol);
+      check_layer<cqk::Identity, cqk::Differential, T>(sh, layer, tol);
+      check_layer<cqk::Leapfrog<1>, cqk::Differential, T>(sh, layer, tol);
+      check_layer<cqk::Euler<3>, cqk::Differential, T>(sh, layer, tol);
+      check_layer<cqk::Uncoupled<1>, cqk::Differential, T>(sh, layer, tol);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda layer matches the CPU layer, float32") { check_all<float>(1e-4); }
+
+TEST_CASE("cuda layer matches the CPU layer, bf16 storage") { check_all<bf16>(2e-2); }
+
+TEST_CASE("cuda layer: parameters round-trip through the flat device array") {
+  cqk::AttentionConfig config;
+  config.dim = 64;
+  config.heads = 4;
+  config.dynamics_init_scale = 0.1;
+  cqk::Attention<float, cqk::Leapfrog<2>, cqk::Differential> a(config, 3), b(config, 4);
+  Attention<cqk::Leapfrog<2>, cqk::Differential, float> layer(config);
+  DeviceBuffer<float> p(static_cast<std::size_t>(layer.parameter_count()));
+  upload_parameters(a.params, p.data());
+  download_parameters(p.data(), b.params);
+  a.params.visit([&](const char* name, const auto& t) {
+    bool same = false;
+    b.params.visit([&](const char* n2, const auto& u) {
+      if (std::string(name) == n2) same = (t - u).cwiseAbs().maxCoeff() == 0.0f;
+    });
+    CAPTURE(name);
+    CHECK(same);
+  });
+}
+
+TEST_CASE("cuda layer: bad sizes are rejected with the CPU layer's messages") {
+  cqk::AttentionConfig config;
+  config.dim = 60;
+  config.heads = 8;
+  try {
+    Attention<cqk::Leapfrog<1>, cqk::Softmax, float> layer(config);
+    FAIL("expected an error for D = 60, H = 8");
+  } catch (const cqk::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("divisible") != std::string::npos);
+  }
+}
