@@ -7,6 +7,8 @@
 // the GPU's peak measured by this binary with a large cuBLAS GEMM in the same precision (bf16
 // operands with float accumulation, or float32 without TF32). Names:
 //     cuda/layer/<variant>/<steps>/<precision>/<pass>/B<B>/T<T>/D<D>      pass: fwd or fwdbwd
+//     cuda/gpt/<variant>/<steps>/<precision>/V<V>/D<D>/L<L>/H<H>/T<T>/B<B>  (one training step:
+//                                   forward, backward, AdamW with clipping)
 //     cuda/gemm/<precision>/<n>
 // The issue's shape is B=16, T=1024, D=512, H=8 (d=64), bf16.
 #include <benchmark/benchmark.h>
@@ -17,6 +19,7 @@
 
 #include <coupledqk/coupledqk.hpp>
 #include <coupledqk/cuda/attention.cuh>
+#include <coupledqk/cuda/gpt.cuh>
 
 #include "flops.hpp"
 
@@ -115,6 +118,48 @@ void layer_benchmark(benchmark::State& state, std::string variant, bool backward
   state.counters["tokens_per_s"] = double(B) * T_ / (ms / 1e3);
 }
 
+/// One training step of the GPU GPT: zero the gradients, forward + backward, AdamW (with the
+/// global-norm clipping, which synchronises once per step as the trainer's does).
+void gpt_benchmark(benchmark::State& state, std::string variant, int steps, cu::Precision precision, int V, int D,
+                   int L, int H, int T, int B) {
+  cqk::GptConfig c;
+  c.vocab = V;
+  c.dim = D;
+  c.layers = L;
+  c.heads = H;
+  c.context = T;
+  c.attention = variant;
+  c.steps = steps;
+  c.dynamics_init_scale = 0.1;
+  auto host = cqk::make_gpt<float>(c, 1);
+  auto model = cu::make_gpt(c, precision);
+  model->upload(*host);
+  cqk::AdamWConfig oc;
+  oc.lr = 3e-4;
+  oc.total_steps = 1000000;
+  cu::AdamW opt(*model, oc);
+  cqk::Rng rng(5);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B) * T), targets(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>(rng.next_u64() % static_cast<std::uint64_t>(V));
+    targets[i] = static_cast<std::int32_t>(rng.next_u64() % static_cast<std::uint64_t>(V));
+  }
+  auto step = [&] {
+    model->zero_grad();
+    model->loss(tokens, targets, B);
+    opt.step();
+  };
+  double ms = 0;
+  for (auto _ : state) {
+    ms = event_ms(step, 5);
+    state.SetIterationTime(ms / 1e3);
+  }
+  const double tflops = cqk::bench::gpt_step_flops(variant, steps, V, D, L, H, T, B) / (ms / 1e3) / 1e12;
+  state.counters["TFLOPS"] = tflops;
+  state.counters["mfu"] = tflops / g_peak_tflops[precision == cu::Precision::bf16 ? 1 : 0];
+  state.counters["tokens_per_s"] = double(B) * T / (ms / 1e3);
+}
+
 template <class I, class Sc>
 void register_layer(const std::string& variant) {
   const int B = 16, T = 1024, D = 512;
@@ -156,6 +201,16 @@ int main(int argc, char** argv) {
   register_layer<cqk::Uncoupled<1>, cqk::Softmax>("uncoupled");
   register_layer<cqk::Identity, cqk::Differential>("diff");
   register_layer<cqk::Leapfrog<1>, cqk::Differential>("diff-leapfrog");
+  // The paper-like model of the issue: D=512, L=8, H=8, T=1024, V=8192 (about 30M parameters).
+  for (const char* v : {"standard", "leapfrog"})
+    for (cu::Precision p : {cu::Precision::bf16, cu::Precision::f32}) {
+      const int V = 8192, D = 512, L = 8, H = 8, T = 1024, B = 16;
+      const std::string name = std::string("cuda/gpt/") + v + "/1/" + cu::to_string(p) + "/V" + std::to_string(V) +
+                               "/D" + std::to_string(D) + "/L" + std::to_string(L) + "/H" + std::to_string(H) + "/T" +
+                               std::to_string(T) + "/B" + std::to_string(B);
+      benchmark::RegisterBenchmark(name.c_str(), gpt_benchmark, std::string(v), 1, p, V, D, L, H, T, B)
+          ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+    }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

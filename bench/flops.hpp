@@ -28,4 +28,15 @@ inline double layer_forward_flops(const std::string& variant, int steps, double 
   return f;
 }
 
+/// Useful work of one GPT training step (forward + backward; a matrix product counts 3x its
+/// forward). Element-wise work (LayerNorm, GELU, softmax + cross-entropy, embeddings, AdamW) is not
+/// counted. Per block: the attention layer above, MLP fc [D, 4D] and proj [4D, D] = 16 B T D^2;
+/// once: the tied logits 2 B T D V.
+///     step = 3 [ L (attention + 16 B T D^2) + 2 B T D V ]
+inline double gpt_step_flops(const std::string& variant, int steps, double V, double D, double L, double H, double T,
+                             double B) {
+  const double attention = layer_forward_flops(variant, steps, B, T, D, H, D / H);
+  return 3 * (L * (attention + 16 * B * T * D * D) + 2 * B * T * D * V);
+}
+
 }  // namespace coupledqk::bench
