@@ -4,7 +4,8 @@
 //
 // Every case reports GFLOP/s of useful work ("GFLOPS") and its fraction of the machine's peak
 // ("peak_frac"), the peak being a large Eigen SGEMM measured by this binary on the same threads.
-// Names: layer/<variant>/<steps>/<pass>/B<B>/T<T>/D<D> with pass fwd or fwdbwd.
+// Names: layer/<variant>/<steps>/<pass>/B<B>/T<T>/D<D> with pass fwd or fwdbwd; the GPT training
+// step cases (gpt/...) are in bench_gpt.cpp.
 #include <benchmark/benchmark.h>
 
 #include <coupledqk/coupledqk.hpp>
@@ -17,11 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "common.hpp"
+
 namespace cqk = coupledqk;
+using coupledqk_bench::g_peak_gflops;  // measured once in main()
+using coupledqk_bench::forward_flops;
 
 namespace {
-
-double g_peak_gflops = 0;  // measured once in main()
 
 // C = A B with A, B, C [n, n] float: 2 n^3 flops.
 double measure_sgemm_gflops(int n, double seconds) {
@@ -37,26 +40,6 @@ double measure_sgemm_gflops(int n, double seconds) {
   } while (elapsed < seconds);
   benchmark::DoNotOptimize(c.data());
   return 2.0 * n * n * double(n) * reps / elapsed / 1e9;
-}
-
-// Useful floating-point work of one layer forward (multiply-adds count 2):
-//   projections  Q, K, V, O:                     4 * 2 B T D^2
-//   causal scores and weighted values (Softmax):  2 B T^2 D        (only the unmasked half of
-//                                                                   Q K^T and P V: 2 * 2 B T^2 D / 2)
-//   Differential: per differential head two score matrices of width d and values of width 2d:
-//                                                 3 B T^2 D
-//   dynamics, per (token, head) pair, one evaluation of grad V or grad T = two [d x m] products:
-//     4 d m flops; leapfrog 2N+1 evaluations, euler 2N, uncoupled 2N of half width (2 d m each).
-// Forward + backward counts 3x the forward (the backward does two products per forward product).
-double forward_flops(const std::string& variant, int steps, double B, double T, double D, double H, double m) {
-  const bool diff = variant.rfind("diff", 0) == 0;
-  const double d = D / H, pairs = B * T * H;
-  double f = 8 * B * T * D * D + (diff ? 3 : 2) * B * T * T * D;
-  const std::string integ = diff ? (variant == "diff" ? "standard" : variant.substr(5)) : variant;
-  if (integ == "leapfrog") f += (2 * steps + 1) * 4 * d * m * pairs;
-  if (integ == "euler") f += 2 * steps * 4 * d * m * pairs;
-  if (integ == "uncoupled") f += 2 * steps * 2 * d * m * pairs;
-  return f;
 }
 
 void layer_benchmark(benchmark::State& state, std::string variant, int steps, bool backward, int B, int T, int D) {
@@ -138,6 +121,7 @@ int main(int argc, char** argv) {
                 ->MinTime(0.5);
           }
     }
+  coupledqk_bench::register_gpt_benchmarks();  // bench_gpt.cpp
   benchmark::Initialize(&n, args.data());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

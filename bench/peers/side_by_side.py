@@ -1,11 +1,14 @@
 #!/usr/bin/python3
 """coupledqk against eager PyTorch, in one run, on the same machine and threads.
 
-    bench/peers/side_by_side.py --build build --threads 2 [--out docs/performance.md] [--quick]
+    bench/peers/side_by_side.py --build build --threads 2 [--out docs/performance.md]
+                                [--reps 5] [--min-time 1.0] [--gpt-reps 3] [--no-gpt]
 
 Runs coupledqk-bench (Google Benchmark; it also measures the machine's SGEMM peak) and
-torch_layer.py on the same layer shapes, then writes a Markdown report with times, tokens/s,
-ratios and fractions of the measured peak, with the machine, the thread count and the command.
+torch_layer.py on the same layer shapes, then the GPT training-step cases of coupledqk-bench
+(gpt/...) and torch_gpt.py on the same models, and writes a Markdown report with times, tokens/s,
+ratios and fractions of the measured peak, with the machine, the load, the thread count and the
+command. docs/performance-notes.md, when present, is appended.
 """
 import argparse
 import datetime
@@ -25,6 +28,23 @@ LAYER_CASES = [("standard", 1), ("leapfrog", 1), ("leapfrog", 3), ("euler", 1), 
 SHAPE = (4, 512, 512)
 # Attention forward at longer sequences (peak fraction target: T >= 512).
 FORWARD_T = [512, 1024]
+# GPT training step: (V, D, L, H, T, B). The main job's configuration (coupledqk-compare:
+# examples/train/trainer.hpp Defaults with vocabulary 4096) and the paper's model shape (D=512, L=8,
+# H=8, T=512) with V=8192 and B=4 (2048 tokens per step, like the main job's).
+GPT_SHAPES = [("main job", (4096, 128, 2, 4, 128, 16)), ("paper shape", (8192, 512, 8, 8, 512, 4))]
+GPT_VARIANTS = [("standard", 1), ("leapfrog", 1)]
+
+
+def gpt_name(variant, steps, shape):
+    V, D, L, H, T, B = shape
+    return f"gpt/{variant}/{steps}/step/V{V}/D{D}/L{L}/H{H}/T{T}/B{B}"
+
+
+def load_average():
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 def cpu_name():
@@ -48,7 +68,7 @@ def run_bench(binary, threads, pattern, min_time):
     peak = re.search(r"SGEMM peak ([0-9.]+) GFLOP/s", out.stderr)
     results = {}
     for b in data["benchmarks"]:
-        results[b["name"].split("/min_time")[0]] = b
+        results[b["name"].split("/min_time")[0].replace("/real_time", "")] = b
     return results, float(peak.group(1)) if peak else float("nan"), " ".join(cmd)
 
 
@@ -62,14 +82,29 @@ def run_torch(threads, cases, reps):
     return {(r["variant"], r["steps"], r["T"], r["pass"]): r for r in rows}
 
 
+def run_torch_gpt(threads, reps):
+    cmd = [sys.executable, os.path.join(HERE, "torch_gpt.py"), "--threads", str(threads), "--reps", str(reps)]
+    for _, shape in GPT_SHAPES:
+        for v, s in GPT_VARIANTS:
+            cmd += ["--case", ":".join(str(x) for x in (v, s) + shape)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {(r["variant"], r["steps"], (r["V"], r["D"], r["L"], r["H"], r["T"], r["B"])): r for r in rows}
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "performance.md"))
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--min-time", default="1.0")
+    ap.add_argument("--reps", type=int, default=5, help="PyTorch layer repetitions (median)")
+    ap.add_argument("--min-time", default="1.0", help="Google Benchmark --benchmark_min_time for the layers "
+                    "(the layer cases set 0.5 s themselves, which takes precedence)")
+    ap.add_argument("--gpt-reps", type=int, default=3, help="PyTorch GPT steps timed per case (median)")
+    ap.add_argument("--gpt-min-time", default="3.0", help="Google Benchmark --benchmark_min_time for the GPT steps "
+                    "(seconds of timed steps per case, at least one step)")
+    ap.add_argument("--no-gpt", action="store_true", help="layers only")
     args = ap.parse_args()
     binary = os.path.join(args.build, "bench", "coupledqk-bench")
     B, T, D = SHAPE
@@ -86,7 +121,14 @@ def main():
     ours, peak, bench_cmd = run_bench(binary, args.threads, pattern, args.min_time)
     torch_cases = sorted({f"{v}:{s}:{B}:{T}:{D}" for v, s in LAYER_CASES} |
                          {f"{v}:1:{B}:{t}:{D}" for t in FORWARD_T for v in ("standard", "leapfrog")})
+    load_before = load_average()
     theirs = run_torch(args.threads, torch_cases, args.reps)
+    gpt_ours, gpt_theirs, gpt_cmd, gpt_peak = {}, {}, "", float("nan")
+    if not args.no_gpt:
+        gpt_pattern = "^(" + "|".join(gpt_name(v, st, sh) for _, sh in GPT_SHAPES for v, st in GPT_VARIANTS) + ")"
+        gpt_ours, gpt_peak, gpt_cmd = run_bench(binary, args.threads, gpt_pattern, args.gpt_min_time)
+        gpt_theirs = run_torch_gpt(args.threads, args.gpt_reps)
+    load_after = load_average()
 
     def ours_row(v, s, p, t=T):
         return ours.get(f"layer/{v}/{s}/{p}/B{B}/T{t}/D{D}")
@@ -96,11 +138,12 @@ def main():
     lines.append(f"Measured {datetime.date.today().isoformat()} on {cpu_name()}, {os.cpu_count()} cores, "
                  f"{args.threads} threads, by:\n")
     lines.append("```\n" + " ".join(["bench/peers/side_by_side.py"] + sys.argv[1:]) + "\n```\n")
+    lines.append(f"Load average (1, 5, 15 min) before the run: {load_before}; after: {load_after}.\n")
     lines.append(f"coupledqk: `{bench_cmd}` (float32, Eigen GEMMs, OpenMP). PyTorch {theirs and next(iter(theirs.values()))['torch']}"
                  " eager, float32, same threads, the spec's implementation in `tests/parity/reference.py`"
                  " (Debian's python3-torch with OpenBLAS from libopenblas0-pthread).\n")
     lines.append(f"Peak: a 2048 x 2048 Eigen SGEMM on the same threads reaches **{peak:.1f} GFLOP/s**; "
-                 "'% peak' is useful GFLOP/s over that (FLOP formulas in `bench/bench_attention.cpp`: causal "
+                 "'% peak' is useful GFLOP/s over that (FLOP formulas in `bench/flops.hpp`: causal "
                  "attention counts only the unmasked half; forward + backward counts 3x the forward).\n")
     lines.append("The machine is shared and noisy: compare the ratios within one run, not absolute times across runs.\n")
     lines.append(f"## Attention layer, B={B}, T={T}, D={D}, head size 64\n")
@@ -127,6 +170,37 @@ def main():
                 lines.append(f"| {v} | {t_} | {o['real_time']:.1f} | {o['GFLOPS']:.1f} | {100 * o['peak_frac']:.0f}% | "
                              f"{t['ms']:.1f} | {t['ms'] / o['real_time']:.2f}x |")
     lines.append("")
+    if gpt_ours:
+        lines.append("## GPT training step\n")
+        lines.append("One step = zero_grad + forward + backward + AdamW update (clipping 1.0, decay 0.1 on matrices), "
+                     "float32. coupledqk: `" + gpt_cmd + "`; the tape is reused from step to step and one step runs "
+                     "before timing. PyTorch: `bench/peers/torch_gpt.py` (the same model in eager PyTorch, attention "
+                     f"from `tests/parity/reference.py`, torch.optim.AdamW, clip_grad_norm_), median of {args.gpt_reps} "
+                     "steps after one warm-up step. GFLOP/s and % peak count the same useful work for both "
+                     "(formula in `bench/bench_gpt.cpp`: 6 x non-embedding parameters x tokens, the causal "
+                     "half of attention, the dynamics, and 6 B T D V for the logits); the peak is the SGEMM "
+                     f"measured by this run of the binary, **{gpt_peak:.1f} GFLOP/s**. allocs/step: heap allocations "
+                     "inside a timed step (every malloc of the process counted).\n")
+        lines.append("| shape | variant | coupledqk ms/step | tokens/s | GFLOP/s | % peak | allocs/step | "
+                     "PyTorch ms/step | PyTorch tokens/s | PyTorch % peak | speed-up |")
+        lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for label, shape in GPT_SHAPES:
+            V, D, L, H, T_, B_ = shape
+            for v, st in GPT_VARIANTS:
+                o = gpt_ours.get(gpt_name(v, st, shape))
+                t = gpt_theirs.get((v, st, shape))
+                if not o:
+                    continue
+                ms = o["real_time"]
+                row = (f"| {label}: V={V} D={D} L={L} H={H} T={T_} B={B_} | {v} | {ms:.0f} | {o['tokens_per_s']:.0f} | "
+                       f"{o['GFLOPS']:.1f} | {100 * o['peak_frac']:.0f}% | {o['allocs_per_step']:.0f} | ")
+                if t:
+                    t_peak = o["GFLOP_per_step"] / (t["ms"] / 1e3) / gpt_peak
+                    row += f"{t['ms']:.0f} | {t['tokens_per_s']:.0f} | {100 * t_peak:.0f}% | {t['ms'] / ms:.2f}x |"
+                else:
+                    row += "- | - | - | - |"
+                lines.append(row)
+        lines.append("")
     std, lf = ours_row("standard", 1, "fwdbwd"), ours_row("leapfrog", 1, "fwdbwd")
     tstd, tlf = theirs.get(("standard", 1, T, "fwdbwd")), theirs.get(("leapfrog", 1, T, "fwdbwd"))
     lines.append("## Against the targets (issue: CPU performance)\n")
@@ -141,6 +215,19 @@ def main():
         lines.append("- attention forward, % of SGEMM peak: " +
                      ", ".join(f"T={t_}: **{100 * r['peak_frac']:.0f}%**" for t_, r in zip(FORWARD_T, fw)) +
                      " (target >= 50%)")
+    for label, shape in GPT_SHAPES:
+        pairs = [(gpt_ours.get(gpt_name(v, st, shape)), gpt_theirs.get((v, st, shape)), v) for v, st in GPT_VARIANTS]
+        pairs = [(o, t, v) for o, t, v in pairs if o and t]
+        if not pairs:
+            continue
+        speed = ", ".join(f"{v} **{t['ms'] / o['real_time']:.2f}x**" for o, t, v in pairs)
+        peaks = ", ".join(f"{v} **{100 * o['peak_frac']:.0f}%**" for o, t, v in pairs)
+        if label == "main job":
+            lines.append(f"- GPT training step at the main job's configuration, speed-up over PyTorch eager: {speed} "
+                         "(target >= 2x)")
+        else:
+            lines.append(f"- GPT training step at the paper's shape, speed-up over PyTorch eager: {speed} "
+                         f"(target >= 1.2x); % of SGEMM peak: {peaks} (target >= 70%)")
     extra = os.path.join(ROOT, "docs", "performance-notes.md")
     if os.path.exists(extra):
         lines.append("")

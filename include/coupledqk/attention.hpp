@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/gemm.hpp"
 #include "core/parallel.hpp"
 #include "core/parameters.hpp"
 #include "core/random.hpp"
@@ -102,15 +103,25 @@ class Attention {
     }
   };
 
-  /// What forward keeps for backward (see backward for what each is used for).
+  /// What forward keeps for backward (see backward for what each is used for), and the backward's
+  /// workspace. Every buffer keeps its size from one call to the next: a context reused step after
+  /// step (as the tape's attention node and AnyAttention do) makes forward and backward allocate
+  /// nothing after the first step.
   struct Context {
     Index batch = 0, seq = 0;
     Matrix<S> x;        // [B*T, D] input                       -> grads of Wq, Wk, Wv
     Matrix<S> q, k, v;  // [B*T, D] evolved Q', K' and V          -> scoring backward, recompute mode
     Matrix<S> o;        // [B*T, D] scoring output                -> grad of Wo
     Vector<S> tau;      // [B*T*H] integration time of each pair
-    std::vector<StateTrace<S>> dynamics;  // per chunk of pairs: per-sub-step states (empty in recompute mode)
+    std::vector<Vector<S>> chunk_tau;     // tau of each chunk of pairs (dynamics_chunk pairs)
+    std::vector<StateTrace<S>> dynamics;  // per chunk of pairs: per-sub-step states (empty in recompute
+                                          // mode) and the integrator's scratch
     typename Scoring::template saved<S> scoring;
+    // backward's workspace (mutable: not part of what the forward kept)
+    mutable Matrix<S> d_o, dq, dk, dv;          // [B*T, D]
+    mutable Vector<S> dtau;                     // [B*T*H]
+    mutable std::vector<Vector<S>> chunk_dtau;  // per chunk
+    mutable std::vector<DynamicsParameters> partial;  // per chunk: its parameter gradient
   };
 
   explicit Attention(const AttentionConfig& config, std::uint64_t seed = 0) : config_(config) {
@@ -147,6 +158,14 @@ class Attention {
   /// y = layer(x). x: [B*T, D] with rows ordered (b, t); batch = B. When ctx is given it receives
   /// what backward needs.
   Matrix<S> forward(const ConstMatrixRef<S>& x, Index batch, Context* ctx = nullptr) const {
+    Matrix<S> y;
+    forward_into(x, batch, ctx, y);
+    return y;
+  }
+
+  /// forward() writing y [B*T, D] into a given matrix (resized if needed; no allocation when it
+  /// already has that size and ctx is a context used before with the same shapes).
+  void forward_into(const ConstMatrixRef<S>& x, Index batch, Context* ctx, Matrix<S>& y) const {
     const Index D = config_.dim, H = config_.heads, d = config_.head_dim();
     require(batch > 0, "attention forward: batch (B) must be positive; got ", batch);
     require(x.rows() > 0, "attention forward: x has no rows; expected [B*T, D] with B*T > 0");
@@ -161,34 +180,48 @@ class Attention {
     c.batch = batch;
     c.seq = T;
     if (ctx) c.x = x;
-    c.q.noalias() = x * params.wq;
-    c.k.noalias() = x * params.wk;
-    c.v.noalias() = x * params.wv;
+    const Index N = x.rows();
+    c.q.resize(N, D);
+    c.k.resize(N, D);
+    c.v.resize(N, D);
+    gemm<S>(x, false, params.wq, false, c.q);  // core/gemm.hpp: no allocation, same bits on any thread count
+    gemm<S>(x, false, params.wk, false, c.k);
+    gemm<S>(x, false, params.wv, false, c.v);
     if constexpr (Integrator::has_dynamics) {
       // The pairs are cut into fixed chunks, each integrated over all its sub-steps while it is in
       // cache, in parallel. The chunk size does not depend on the thread count, so neither do the
       // results.
-      c.tau = pair_times(batch * T);
+      pair_times_into(batch * T, c.tau);
       const Index P = batch * T * H, chunks = (P + dynamics_chunk - 1) / dynamics_chunk;
       const DynamicsMemory memory = ctx ? config_.memory : DynamicsMemory::store;
-      if (ctx) c.dynamics.assign(static_cast<std::size_t>(chunks), StateTrace<S>());
+      if (ctx) c.dynamics.resize(static_cast<std::size_t>(chunks));  // kept: states and scratch are reused
+      c.chunk_tau.resize(static_cast<std::size_t>(chunks));
       MatrixMap<S> qp(c.q.data(), P, d), kp(c.k.data(), P, d);
-      COUPLEDQK_PARALLEL_FOR
-      for (Index ch = 0; ch < chunks; ++ch) {
+      parallel_for(chunks, [&](Index ch) {
         const Index r0 = ch * dynamics_chunk, n = std::min(dynamics_chunk, P - r0);
-        const Vector<S> tau = c.tau.segment(r0, n);
-        Integrator::template forward<S>(params.dyn, tau, qp.middleRows(r0, n), kp.middleRows(r0, n),
-                                        ctx ? &c.dynamics[static_cast<std::size_t>(ch)] : nullptr, memory);
-      }
+        const auto i = static_cast<std::size_t>(ch);
+        c.chunk_tau[i] = c.tau.segment(r0, n);
+        Integrator::template forward<S>(params.dyn, c.chunk_tau[i], qp.middleRows(r0, n), kp.middleRows(r0, n),
+                                        ctx ? &c.dynamics[i] : nullptr, memory);
+      });
     }
     Scoring::template forward<S>(params.score, scoring_shape(batch, T), c.q, c.k, c.v, c.o,
                                  ctx ? &c.scoring : nullptr);
-    return c.o * params.wo;
+    y.resize(N, D);
+    gemm<S>(c.o, false, params.wo, false, y);
   }
 
   /// Given dy = dLoss/dy [B*T, D] and the forward's context, accumulates (+=) the parameter
   /// gradients into `grad` and returns dLoss/dx (=).
   Matrix<S> backward(const Context& c, const ConstMatrixRef<S>& dy, Parameters& grad) const {
+    Matrix<S> dx;
+    backward_into(c, dy, grad, dx);
+    return dx;
+  }
+
+  /// backward() writing dx [B*T, D] (=) into a given matrix. Its intermediates live in the
+  /// context's workspace, so a context reused step after step allocates nothing.
+  void backward_into(const Context& c, const ConstMatrixRef<S>& dy, Parameters& grad, Matrix<S>& dx) const {
     const Index D = config_.dim, H = config_.heads, d = config_.head_dim();
     require(c.batch > 0 && c.x.rows() == c.batch * c.seq,
             "attention backward: the context holds no forward pass (call forward with a context first)");
@@ -198,45 +231,48 @@ class Attention {
     require(grad.wq.rows() == D && grad.wq.cols() == D,
             "attention backward: the gradient buffer is not shaped like the parameters (use zero_gradients())");
     // Y = O Wo
-    grad.wo.noalias() += c.o.transpose() * dy;
-    const Matrix<S> d_o = dy * params.wo.transpose();
+    gemm<S>(c.o, true, dy, false, grad.wo, S(1), true);  // grad.wo += o^T dy
+    Matrix<S>& d_o = c.d_o;
+    d_o.resize(dy.rows(), D);
+    gemm<S>(dy, false, params.wo, true, d_o);  // d_o = dy wo^T
     // scoring: dq, dk are the cotangents of the evolved Q', K'
-    Matrix<S> dq, dk, dv;
+    Matrix<S>&dq = c.dq, &dk = c.dk, &dv = c.dv;
     Scoring::template backward<S>(params.score, scoring_shape(c.batch, c.seq), c.q, c.k, c.v, c.o,
                                   c.scoring, d_o, dq, dk, dv, grad.score);
     if constexpr (Integrator::has_dynamics) {
       // Chunk by chunk as in forward; each chunk's parameter gradient goes to its own buffer and
       // the buffers are added in chunk order (deterministic for any thread count).
       const Index P = c.batch * c.seq * H, chunks = (P + dynamics_chunk - 1) / dynamics_chunk;
-      require(config_.memory == DynamicsMemory::recompute || static_cast<Index>(c.dynamics.size()) == chunks,
+      require(static_cast<Index>(c.dynamics.size()) == chunks && static_cast<Index>(c.chunk_tau.size()) == chunks,
               "attention backward: the context holds ", c.dynamics.size(), " dynamics traces, expected ", chunks);
-      std::vector<DynamicsParameters> partial(static_cast<std::size_t>(chunks), zeros_like(params.dyn));
-      Vector<S> dtau = Vector<S>::Zero(P);
-      const StateTrace<S> none;
+      if (static_cast<Index>(c.partial.size()) != chunks)
+        c.partial.assign(static_cast<std::size_t>(chunks), zeros_like(params.dyn));
+      c.chunk_dtau.resize(static_cast<std::size_t>(chunks));
+      c.dtau.resize(P);
       MatrixMap<S> dqp(dq.data(), P, d), dkp(dk.data(), P, d);
       const ConstMatrixMap<S> qp(c.q.data(), P, d), kp(c.k.data(), P, d);
-      COUPLEDQK_PARALLEL_FOR
-      for (Index ch = 0; ch < chunks; ++ch) {
+      parallel_for(chunks, [&](Index ch) {
         const Index r0 = ch * dynamics_chunk, n = std::min(dynamics_chunk, P - r0);
         const auto i = static_cast<std::size_t>(ch);
-        const Vector<S> tau = c.tau.segment(r0, n);
-        Vector<S> dtau_chunk = Vector<S>::Zero(n);
-        Integrator::template backward<S>(params.dyn, tau, c.dynamics.empty() ? none : c.dynamics[i],
-                                         qp.middleRows(r0, n), kp.middleRows(r0, n), dqp.middleRows(r0, n),
-                                         dkp.middleRows(r0, n), partial[i], dtau_chunk, config_.memory);
-        dtau.segment(r0, n) = dtau_chunk;
-      }
-      for (const auto& g : partial) add_into(grad.dyn, g);
+        set_zero(c.partial[i]);
+        Vector<S>& dtau_chunk = c.chunk_dtau[i];
+        dtau_chunk.setZero(n);
+        Integrator::template backward<S>(params.dyn, c.chunk_tau[i], c.dynamics[i], qp.middleRows(r0, n),
+                                         kp.middleRows(r0, n), dqp.middleRows(r0, n), dkp.middleRows(r0, n),
+                                         c.partial[i], dtau_chunk, config_.memory);
+        c.dtau.segment(r0, n) = dtau_chunk;
+      });
+      for (const auto& g : c.partial) add_into(grad.dyn, g);
       // tau_h = softplus(rho_h): d tau / d rho = sigmoid(rho)
-      for (Index r = 0; r < P; ++r) grad.rho[r % H] += dtau[r] * sigmoid(params.rho[r % H]);
+      for (Index r = 0; r < P; ++r) grad.rho[r % H] += c.dtau[r] * sigmoid(params.rho[r % H]);
     }
-    grad.wq.noalias() += c.x.transpose() * dq;
-    grad.wk.noalias() += c.x.transpose() * dk;
-    grad.wv.noalias() += c.x.transpose() * dv;
-    Matrix<S> dx = dq * params.wq.transpose();
-    dx.noalias() += dk * params.wk.transpose();
-    dx.noalias() += dv * params.wv.transpose();
-    return dx;
+    gemm<S>(c.x, true, dq, false, grad.wq, S(1), true);  // grad.w* += x^T d*
+    gemm<S>(c.x, true, dk, false, grad.wk, S(1), true);
+    gemm<S>(c.x, true, dv, false, grad.wv, S(1), true);
+    dx.resize(dq.rows(), D);
+    gemm<S>(dq, false, params.wq, true, dx);  // dx = dq wq^T + dk wk^T + dv wv^T
+    gemm<S>(dk, false, params.wk, true, dx, S(1), true);
+    gemm<S>(dv, false, params.wv, true, dx, S(1), true);
   }
 
   /// Keys and values of the tokens decoded so far, one [capacity, D] block per sequence. The keys
@@ -288,13 +324,17 @@ class Attention {
 
   /// Integration time of every (token, head) pair, rows ordered (b, t, h): [rows * H].
   Vector<S> pair_times(Index rows) const {
+    Vector<S> tau;
+    pair_times_into(rows, tau);
+    return tau;
+  }
+  void pair_times_into(Index rows, Vector<S>& tau) const {
     const Index H = config_.heads;
-    Vector<S> tau(rows * H);
+    tau.resize(rows * H);
     for (Index h = 0; h < H; ++h) {
       const S t = softplus(params.rho[h]);
       for (Index r = 0; r < rows; ++r) tau[r * H + h] = t;
     }
-    return tau;
   }
 
   Parameters params;

@@ -2,10 +2,12 @@
 //
 //     y = ops::attention(tape, layer, x, batch, &grad);    x, y: [B*T, D], rows ordered (b, t)
 //
-// The node's closure owns the layer's Attention::Context (what the layer's forward keeps: its
-// input, the evolved Q', K', V, the scoring output and probabilities, the dynamics' states); its
-// backward calls layer.backward(ctx, dy, *grad), which accumulates (+=) the layer's parameter
-// gradients straight into `grad` (the model's gradient buffer), and accumulates dx into x.
+// The node keeps the layer's Attention::Context (what the layer's forward keeps: its input, the
+// evolved Q', K', V, the scoring output and statistics, the dynamics' states, and the backward's
+// workspace) in its tape workspace, which survives tape.clear(): the same graph built step after
+// step reuses every buffer and allocates nothing after the first step. Its backward calls
+// layer.backward_into(ctx, dy, *grad, dx), which accumulates (+=) the layer's parameter gradients
+// straight into `grad` (the model's gradient buffer), and dx goes to x.
 // When nothing requires a gradient (x is a constant and grad is null) the layer runs without a
 // context and nothing is kept.
 #pragma once
@@ -26,30 +28,30 @@ Var attention(Tape<S>& t, const Attention<S, I, Sc>& layer, Var x, Index batch,
   const bool req = t.requires_grad(x) || grad != nullptr;
   const Var y = t.push(N, D, req);
   if (!req) {
-    Matrix<S> out = layer.forward(t.value(x), batch, nullptr);
-    t.output(y).swap(out);  // the layer allocated it anyway: no copy
+    layer.forward_into(t.value(x), batch, nullptr, t.output(y));
     return y;
   }
+  using Context = typename Layer::Context;
   struct Backward {
     const Layer* layer;
     typename Layer::Parameters* grad;
     Var x, y;
-    typename Layer::Context ctx;
+    Context* ctx;  // in the node's workspace
     void operator()(Tape<S>& tp) {
-      // dy: [B*T, D] -> dx: [B*T, D]; parameter gradients += into *grad
+      // dy: [B*T, D] -> dx: [B*T, D] (in the node's scratch); parameter gradients += into *grad
+      Matrix<S>& dx = tp.scratch(y);
       if (grad) {
-        Matrix<S> dx = layer->backward(ctx, tp.grad(y), *grad);
-        tp.accumulate_move(x, dx);
+        layer->backward_into(*ctx, tp.grad(y), *grad, dx);
       } else {
-        typename Layer::Parameters scratch = layer->zero_gradients();
-        Matrix<S> dx = layer->backward(ctx, tp.grad(y), scratch);
-        tp.accumulate_move(x, dx);
+        typename Layer::Parameters frozen = layer->zero_gradients();
+        layer->backward_into(*ctx, tp.grad(y), frozen, dx);
       }
+      tp.accumulate_move(x, dx);
     }
   };
-  Backward& b = t.set_backward(y, Backward{&layer, grad, x, y, {}});
-  Matrix<S> out = layer.forward(t.value(x), batch, &b.ctx);
-  t.output(y).swap(out);
+  Context& ctx = t.template workspace<Context>(y);
+  t.set_backward(y, Backward{&layer, grad, x, y, &ctx});
+  layer.forward_into(t.value(x), batch, &ctx, t.output(y));
   return y;
 }
 

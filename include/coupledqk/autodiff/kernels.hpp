@@ -15,13 +15,6 @@
 #include "../core/parallel.hpp"
 #include "../core/types.hpp"
 
-#ifdef _OPENMP
-/// Rows in parallel (static schedule) when the loop has more than ~32k scalar operations.
-#define COUPLEDQK_PARALLEL_ROWS(work) COUPLEDQK_PRAGMA(omp parallel for schedule(static) if ((work) > 32768))
-#else
-#define COUPLEDQK_PARALLEL_ROWS(work)
-#endif
-
 namespace coupledqk::kernels {
 
 /// LayerNorm epsilon (GPT-2, PyTorch default).
@@ -38,8 +31,7 @@ void layer_norm_forward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& g, 
                         MatrixRef<S> y, Matrix<S>* stats, S eps = S(layer_norm_eps)) {
   const Index N = x.rows(), D = x.cols();
   if (stats) stats->resize(N, 2);
-  COUPLEDQK_PARALLEL_ROWS(N * D)
-  for (Index r = 0; r < N; ++r) {
+  parallel_rows(N, (N * D) > 32768, [&](Index r) {
     const auto xr = x.row(r);
     const S mu = xr.sum() / S(D);
     const S var = (xr.array() - mu).square().sum() / S(D);
@@ -49,7 +41,7 @@ void layer_norm_forward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& g, 
       (*stats)(r, 0) = mu;
       (*stats)(r, 1) = rstd;
     }
-  }
+  });
 }
 
 // Backward of the above, with xhat = (x - mu) * rstd and dxhat = dy * g:
@@ -60,22 +52,21 @@ void layer_norm_backward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& g,
                          const ConstMatrixRef<S>& dy, Matrix<S>& dx, S* dg, S* db) {
   const Index N = x.rows(), D = x.cols();
   dx.resize(N, D);
-  COUPLEDQK_PARALLEL_ROWS(N * D)
-  for (Index r = 0; r < N; ++r) {
+  parallel_rows(N, (N * D) > 32768, [&](Index r) {
     const S mu = stats(r, 0), rstd = stats(r, 1);
-    const Eigen::Array<S, 1, Eigen::Dynamic> xhat = (x.row(r).array() - mu) * rstd;
-    const Eigen::Array<S, 1, Eigen::Dynamic> dxhat = dy.row(r).array() * g.row(0).array();
+    // expressions, evaluated where used (no per-row temporaries)
+    const auto xhat = (x.row(r).array() - mu) * rstd;
+    const auto dxhat = dy.row(r).array() * g.row(0).array();
     const S mean_dxhat = dxhat.sum() / S(D);
     const S mean_dxhat_xhat = (dxhat * xhat).sum() / S(D);
     dx.row(r) = (rstd * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat)).matrix();
-  }
-  // sums over rows: serial, in row order
+  });
+  // sums over rows: serial, in row order (each entry of dg, db adds its rows in order)
+  using Row = Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>>;
   for (Index r = 0; r < N; ++r) {
     const S mu = stats(r, 0), rstd = stats(r, 1);
-    if (dg)
-      for (Index c = 0; c < D; ++c) dg[c] += dy(r, c) * ((x(r, c) - mu) * rstd);
-    if (db)
-      for (Index c = 0; c < D; ++c) db[c] += dy(r, c);
+    if (dg) Row(dg, D) += dy.row(r).array() * ((x.row(r).array() - mu) * rstd);
+    if (db) Row(db, D) += dy.row(r).array();
   }
 }
 
@@ -83,35 +74,46 @@ void layer_norm_backward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& g,
 //
 //   gelu(x)  = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 //   gelu'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+//
+// tanh is Eigen's (numext::tanh; for float a fast rational approximation, vectorised on whole rows
+// below), so the scalar functions give the same values as the row kernels.
 template <class S>
 S gelu(S x) {
   const S c = S(0.7978845608028654), k = S(0.044715);
-  return S(0.5) * x * (S(1) + std::tanh(c * (x + k * x * x * x)));
+  return S(0.5) * x * (S(1) + Eigen::numext::tanh(c * (x + k * x * x * x)));
 }
 template <class S>
 S gelu_grad(S x) {
   const S c = S(0.7978845608028654), k = S(0.044715);
-  const S t = std::tanh(c * (x + k * x * x * x));
+  const S t = Eigen::numext::tanh(c * (x + k * x * x * x));
   return S(0.5) * (S(1) + t) + S(0.5) * x * (S(1) - t * t) * c * (S(1) + S(3) * k * x * x);
 }
 
-/// y = gelu(x), x and y: [N, C] (y written, =).
+/// y = gelu(x), x and y: [N, C] (y written, =). Whole rows as Eigen array expressions (vectorised
+/// tanh).
 template <class S>
 void gelu_forward(const ConstMatrixRef<S>& x, MatrixRef<S> y) {
   const Index N = x.rows(), C = x.cols();
-  COUPLEDQK_PARALLEL_ROWS(8 * N * C)
-  for (Index r = 0; r < N; ++r)
-    for (Index c = 0; c < C; ++c) y(r, c) = gelu(x(r, c));
+  const S c = S(0.7978845608028654), k = S(0.044715);
+  parallel_rows(N, (8 * N * C) > 32768, [&](Index r) {
+    const auto xr = x.row(r).array();
+    y.row(r).array() = S(0.5) * xr * (S(1) + (c * (xr + k * xr * xr * xr)).tanh());
+  });
 }
 
-/// dx = dy * gelu'(x), written (=).
+/// dx = dy * gelu'(x), written (=). tanh(u) goes through dx first, so it is computed once.
 template <class S>
 void gelu_backward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& dy, Matrix<S>& dx) {
   const Index N = x.rows(), C = x.cols();
+  const S c = S(0.7978845608028654), k = S(0.044715);
   dx.resize(N, C);
-  COUPLEDQK_PARALLEL_ROWS(8 * N * C)
-  for (Index r = 0; r < N; ++r)
-    for (Index c = 0; c < C; ++c) dx(r, c) = dy(r, c) * gelu_grad(x(r, c));
+  parallel_rows(N, (8 * N * C) > 32768, [&](Index r) {
+    const auto xr = x.row(r).array();
+    auto t = dx.row(r).array();
+    t = (c * (xr + k * xr * xr * xr)).tanh();
+    t = dy.row(r).array() *
+        (S(0.5) * (S(1) + t) + S(0.5) * xr * (S(1) - t * t) * c * (S(1) + S(3) * k * xr * xr));
+  });
 }
 
 // ---- softmax cross-entropy over a row of logits, mean over rows -----------------------------
@@ -119,28 +121,33 @@ void gelu_backward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& dy, Matr
 //   loss = (1/N) sum_r [ logsumexp(z_r) - z_r[t_r] ]     computed with the row maximum subtracted
 //
 // logits: [N, V]; targets: N ids in [0, V) (checked by the caller). probs (optional, for the
-// backward): [N, V] = softmax(z_r), written (=). The sum over rows is taken in double, in order.
+// backward): [N, V] = softmax(z_r), written (=). The exponentials are Eigen's vectorised exp on whole
+// rows. The sum over rows is taken in double, in order, of the per-row losses (float values for S =
+// float), which go through `work` ([N, 1]) when given, else through a local buffer.
 template <class S>
-S cross_entropy_forward(const ConstMatrixRef<S>& logits, const std::int32_t* targets, Matrix<S>* probs) {
+S cross_entropy_forward(const ConstMatrixRef<S>& logits, const std::int32_t* targets, Matrix<S>* probs,
+                        Matrix<S>* work = nullptr) {
   const Index N = logits.rows(), V = logits.cols();
   if (probs) probs->resize(N, V);
-  std::vector<double> row_loss(static_cast<std::size_t>(N));
-  COUPLEDQK_PARALLEL_ROWS(4 * N * V)
-  for (Index r = 0; r < N; ++r) {
+  Matrix<S> local;
+  Matrix<S>& row_loss = work ? *work : local;
+  row_loss.resize(N, 1);
+  parallel_rows(N, (4 * N * V) > 32768, [&](Index r) {
     const auto z = logits.row(r);
     const S mx = z.maxCoeff();
     S sum = 0;
     if (probs) {
-      for (Index c = 0; c < V; ++c) sum += ((*probs)(r, c) = std::exp(z[c] - mx));
-      const S inv = S(1) / sum;
-      probs->row(r) *= inv;
+      auto p = probs->row(r);
+      p.array() = (z.array() - mx).exp();
+      sum = p.sum();
+      p *= S(1) / sum;
     } else {
-      for (Index c = 0; c < V; ++c) sum += std::exp(z[c] - mx);
+      sum = (z.array() - mx).exp().sum();
     }
-    row_loss[static_cast<std::size_t>(r)] = static_cast<double>(mx + std::log(sum) - z[targets[r]]);
-  }
+    row_loss(r, 0) = mx + std::log(sum) - z[targets[r]];
+  });
   double total = 0;
-  for (double l : row_loss) total += l;  // in row order
+  for (Index r = 0; r < N; ++r) total += static_cast<double>(row_loss(r, 0));  // in row order
   return static_cast<S>(total / static_cast<double>(N));
 }
 
@@ -149,11 +156,10 @@ template <class S>
 void cross_entropy_backward(Matrix<S>& probs, const std::int32_t* targets, S dloss) {
   const Index N = probs.rows();
   const S scale = dloss / S(N);
-  COUPLEDQK_PARALLEL_ROWS(N * probs.cols())
-  for (Index r = 0; r < N; ++r) {
+  parallel_rows(N, (N * probs.cols()) > 32768, [&](Index r) {
     probs(r, targets[r]) -= S(1);
     probs.row(r) *= scale;
-  }
+  });
 }
 
 }  // namespace coupledqk::kernels

@@ -5,11 +5,16 @@
 // their inputs' gradients (tape.accumulate*: the first write into an internal node is a plain =).
 // An input that requires no gradient gets none (its product is never formed).
 // What each node keeps for the backward is stated per op; input values are read from the tape.
+// Memory: an op's backward forms its input's gradient in the node's scratch (tape.scratch, kept
+// across steps) and hands it over with accumulate_move, or writes it in place (grad_target + gemm);
+// so the same graph built step after step allocates nothing after its first step.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "../core/error.hpp"
+#include "../core/gemm.hpp"
 #include "../core/types.hpp"
 #include "kernels.hpp"
 #include "tape.hpp"
@@ -28,21 +33,21 @@ void require_shape(const Tape<S>& t, Var v, Index rows, Index cols, const char* 
 // table: [V, D]; ids: n ids in [0, V); y: [n, D], y[i] = table[ids[i]].
 // Keeps: a copy of the ids. Backward: dtable[ids[i]] += dy[i], i = 0..n-1 in order (scatter-add;
 // repeated ids sum, deterministically).
-template <class S>
-Var embedding(Tape<S>& t, Var table, const std::int32_t* ids, Index n) {
-  const Index V = t.rows(table), D = t.cols(table);
-  require(n > 0 && ids != nullptr, "embedding: needs at least one id; got n = ", n);
-  for (Index i = 0; i < n; ++i)
-    require(ids[i] >= 0 && ids[i] < V, "embedding: id ", ids[i], " at position ", i,
-            " is outside the table's rows [0, ", V, ")");
+namespace detail {
+/// The lookup of n rows; id(i) gives the row of output i (already checked to be in range).
+template <class S, class Id>
+Var embedding_rows(Tape<S>& t, Var table, Index n, Id id) {
+  const Index D = t.cols(table);
   const Var y = t.push(n, D, t.requires_grad(table));
   {
     const auto tab = t.value(table);
     Matrix<S>& out = t.output(y);
-    for (Index i = 0; i < n; ++i) out.row(i) = tab.row(ids[i]);
+    for (Index i = 0; i < n; ++i) out.row(i) = tab.row(id(i));
   }
   if (!t.requires_grad(y)) return y;
-  t.index(y).assign(ids, ids + n);
+  std::vector<std::int32_t>& ids = t.index(y);  // keeps its capacity across clears
+  ids.resize(static_cast<std::size_t>(n));
+  for (Index i = 0; i < n; ++i) ids[static_cast<std::size_t>(i)] = id(i);
   t.set_backward(y, [table, y](Tape<S>& tp) {
     const auto dy = tp.grad(y);                  // [n, D]
     const std::vector<std::int32_t>& id = tp.index(y);
@@ -51,8 +56,32 @@ Var embedding(Tape<S>& t, Var table, const std::int32_t* ids, Index n) {
   });
   return y;
 }
+}  // namespace detail
+
+template <class S>
+Var embedding(Tape<S>& t, Var table, const std::int32_t* ids, Index n) {
+  const Index V = t.rows(table);
+  require(n > 0 && ids != nullptr, "embedding: needs at least one id; got n = ", n);
+  for (Index i = 0; i < n; ++i)
+    require(ids[i] >= 0 && ids[i] < V, "embedding: id ", ids[i], " at position ", i,
+            " is outside the table's rows [0, ", V, ")");
+  return detail::embedding_rows(t, table, n, [ids](Index i) { return ids[i]; });
+}
+
+// ---- position embedding ------------------------------------------------------------------------
+// table: [C, D]; y: [n, D] with y[i] = table[i % seq] (rows ordered (b, t): t restarts every seq
+// rows). The same node as embedding() with the ids i % seq, without an id array from the caller.
+template <class S>
+Var position_embedding(Tape<S>& t, Var table, Index n, Index seq) {
+  require(n > 0 && seq > 0 && n % seq == 0, "position_embedding: n = ", n, " rows must be a positive ",
+          "multiple of the sequence length ", seq);
+  require(seq <= t.rows(table), "position_embedding: sequence length ", seq, " exceeds the table's ",
+          t.rows(table), " rows");
+  return detail::embedding_rows(t, table, n, [seq](Index i) { return static_cast<std::int32_t>(i % seq); });
+}
 
 // ---- linear / matmul -------------------------------------------------------------------------
+// The products go through coupledqk::gemm (core/gemm.hpp): Eigen's kernel, buffers kept per thread.
 // x: [N, in]; w: [in, out] (stored [in, out] as in the attention layer); b: [1, out] or Var{}.
 // y = x w + b: [N, out]. Keeps nothing (reads x, w).
 // Backward: dx += dy w^T; dw += x^T dy; db += sum_rows(dy).
@@ -65,14 +94,20 @@ Var linear(Tape<S>& t, Var x, Var w, Var b = Var{}) {
   const Var y = t.push(N, out, req);
   {
     Matrix<S>& o = t.output(y);
-    o.noalias() = t.value(x) * t.value(w);
+    gemm<S>(t.value(x), false, t.value(w), false, o);
     if (b.valid()) o.rowwise() += t.value(b).row(0);
   }
   if (!req) return y;
   t.set_backward(y, [x, w, b, y](Tape<S>& tp) {
     const auto dy = tp.grad(y);  // [N, out]
-    if (tp.requires_grad(x)) tp.accumulate(x, dy * tp.value(w).transpose());
-    if (tp.requires_grad(w)) tp.accumulate(w, tp.value(x).transpose() * dy);
+    if (tp.requires_grad(x)) {
+      auto g = tp.grad_target(x);  // dx (+)= dy w^T
+      gemm<S>(dy, false, tp.value(w), true, g.buffer, S(1), g.add);
+    }
+    if (tp.requires_grad(w)) {
+      auto g = tp.grad_target(w);  // dw (+)= x^T dy
+      gemm<S>(tp.value(x), true, dy, false, g.buffer, S(1), g.add);
+    }
     if (b.valid() && tp.requires_grad(b)) tp.accumulate(b, dy.colwise().sum());
   });
   return y;
@@ -93,12 +128,18 @@ Var matmul_transposed(Tape<S>& t, Var x, Var w) {
   detail::require_shape(t, w, V, D, "matmul_transposed", "weight w");
   const bool req = t.requires_grad(x) || t.requires_grad(w);
   const Var y = t.push(N, V, req);
-  t.output(y).noalias() = t.value(x) * t.value(w).transpose();
+  gemm<S>(t.value(x), false, t.value(w), true, t.output(y));
   if (!req) return y;
   t.set_backward(y, [x, w, y](Tape<S>& tp) {
     const auto dy = tp.grad(y);  // [N, V]
-    if (tp.requires_grad(x)) tp.accumulate(x, dy * tp.value(w));
-    if (tp.requires_grad(w)) tp.accumulate(w, dy.transpose() * tp.value(x));
+    if (tp.requires_grad(x)) {
+      auto g = tp.grad_target(x);  // dx (+)= dy w
+      gemm<S>(dy, false, tp.value(w), false, g.buffer, S(1), g.add);
+    }
+    if (tp.requires_grad(w)) {
+      auto g = tp.grad_target(w);  // dw (+)= dy^T x
+      gemm<S>(dy, true, tp.value(x), false, g.buffer, S(1), g.add);
+    }
   });
   return y;
 }
@@ -133,7 +174,7 @@ Var layer_norm(Tape<S>& t, Var x, Var g, Var b) {
   kernels::layer_norm_forward<S>(t.value(x), t.value(g), t.value(b), t.output(y), req ? &t.aux(y) : nullptr);
   if (!req) return y;
   t.set_backward(y, [x, g, b, y](Tape<S>& tp) {
-    Matrix<S> dx;
+    Matrix<S>& dx = tp.scratch(y);  // kept across steps: no allocation after the first
     kernels::layer_norm_backward<S>(tp.value(x), tp.value(g), tp.aux(y), tp.grad(y), dx,
                                     tp.requires_grad(g) ? tp.grad(g).data() : nullptr,
                                     tp.requires_grad(b) ? tp.grad(b).data() : nullptr);
@@ -151,7 +192,7 @@ Var gelu(Tape<S>& t, Var x) {
   kernels::gelu_forward<S>(t.value(x), t.output(y));
   if (!req) return y;
   t.set_backward(y, [x, y](Tape<S>& tp) {
-    Matrix<S> dx;
+    Matrix<S>& dx = tp.scratch(y);
     kernels::gelu_backward<S>(tp.value(x), tp.grad(y), dx);
     tp.accumulate_move(x, dx);
   });
@@ -172,7 +213,8 @@ Var cross_entropy(Tape<S>& t, Var logits, const std::int32_t* targets, Index n) 
             " is outside the vocabulary [0, ", V, ")");
   const bool req = t.requires_grad(logits);
   const Var y = t.push(1, 1, req);
-  t.output(y)(0, 0) = kernels::cross_entropy_forward<S>(t.value(logits), targets, req ? &t.aux(y) : nullptr);
+  t.output(y)(0, 0) = kernels::cross_entropy_forward<S>(t.value(logits), targets, req ? &t.aux(y) : nullptr,
+                                                       &t.scratch(y));
   if (!req) return y;
   t.index(y).assign(targets, targets + n);
   t.set_backward(y, [logits, y](Tape<S>& tp) {

@@ -22,8 +22,10 @@
 //    ops keep nothing for the backward. Binding the parameters with a null gradient pointer therefore
 //    gives an inference-only graph at no extra cost.
 //  - Closures live in an arena owned by the tape; clear() destroys them, rewinds the arena and the
-//    node list, but keeps every buffer's capacity: a training loop that builds the same graph each
-//    step allocates (almost) nothing after the first step. release() frees everything.
+//    node list, but keeps every buffer's capacity, each node's backward scratch (`scratch`) and its
+//    op workspace (`workspace<T>`: e.g. an attention layer's Context), so a training loop that
+//    builds the same graph each step allocates nothing in the tape after the first step (tested in
+//    tests/autodiff/test_no_alloc.cpp). release() frees everything.
 //
 // Var is a small handle (node index + the tape's epoch); using a Var after clear() throws.
 #pragma once
@@ -103,6 +105,18 @@ class Arena {
   std::size_t current_ = 0, offset_ = 0;
 };
 
+/// A workspace object kept in a tape node (Tape::workspace<T>), type-erased.
+struct WorkspaceBase {
+  virtual ~WorkspaceBase() = default;
+};
+template <class T>
+struct WorkspaceHolder final : WorkspaceBase {
+  T value{};
+};
+/// One distinct address per type: identifies the type held without RTTI.
+template <class T>
+inline const char workspace_tag = 0;
+
 }  // namespace detail
 
 template <class S>
@@ -125,7 +139,7 @@ class Tape {
   Var parameter(const S* value, S* grad, Index rows, Index cols) {
     require(value != nullptr && rows > 0 && cols > 0, "tape parameter: needs a value buffer and ",
             "a positive shape; got rows = ", rows, ", cols = ", cols);
-    const Var v = push(rows, cols, grad != nullptr);
+    const Var v = push_node(rows, cols, grad != nullptr, false);  // the value is external
     Node& n = node(v);
     n.ext_value = value;
     n.ext_grad = grad;
@@ -156,23 +170,7 @@ class Tape {
 
   /// A new op node [rows, cols]; the op writes its value into output(v). requires_grad: whether any
   /// input requires a gradient (then the op must also call set_backward).
-  Var push(Index rows, Index cols, bool requires_grad) {
-    require(rows >= 0 && cols >= 0, "tape: negative shape [", rows, ", ", cols, "]");
-    require(count_ < static_cast<std::size_t>(INT32_MAX), "tape: too many nodes");
-    if (count_ == nodes_.size()) nodes_.push_back(std::make_unique<Node>());
-    Node& n = *nodes_[count_];
-    n.rows = rows;
-    n.cols = cols;
-    n.requires_grad = requires_grad;
-    n.has_grad = false;
-    n.ext_value = nullptr;
-    n.ext_grad = nullptr;
-    n.call = nullptr;
-    n.destroy = nullptr;
-    n.closure = nullptr;
-    n.value.resize(rows, cols);  // no reallocation when the size is unchanged (step after step)
-    return Var{static_cast<std::int32_t>(count_++), epoch_};
-  }
+  Var push(Index rows, Index cols, bool requires_grad) { return push_node(rows, cols, requires_grad, true); }
 
   /// The value buffer an op fills (already [rows, cols]).
   Matrix<S>& output(Var v) {
@@ -184,6 +182,25 @@ class Tape {
   /// Op scratch kept for the backward (statistics, probabilities); keeps its capacity across clears.
   Matrix<S>& aux(Var v) { return node(v).aux; }
   std::vector<std::int32_t>& index(Var v) { return node(v).index; }
+
+  /// A buffer the node's op may use freely in its forward or backward (e.g. to form a gradient
+  /// before handing it to accumulate_move); it keeps its capacity across clears, so the same graph
+  /// step after step reuses it instead of allocating.
+  Matrix<S>& scratch(Var v) { return node(v).scratch; }
+
+  /// An object of type T owned by the node's slot and kept across clears (released by release()),
+  /// for ops whose state is more than matrices: the attention node keeps its layer's Context here,
+  /// so its buffers are reused step after step. Default-constructed on first use, and again when
+  /// the slot last held another type.
+  template <class T>
+  T& workspace(Var v) {
+    Node& n = node(v);
+    if (n.work_type != &detail::workspace_tag<T>) {
+      n.work = std::make_unique<detail::WorkspaceHolder<T>>();
+      n.work_type = &detail::workspace_tag<T>;
+    }
+    return static_cast<detail::WorkspaceHolder<T>*>(n.work.get())->value;
+  }
 
   /// Records the backward of node v: `f(Tape&)` is called once by backward() when gradient has
   /// reached v; it reads grad(v) and accumulates into its inputs. f is stored in the tape's arena
@@ -233,6 +250,26 @@ class Tape {
     return MatrixMap<S>(n.grad.data(), n.rows, n.cols);
   }
 
+  /// Where an op puts its contribution to grad(v) itself (e.g. with gemm, which can add into its
+  /// output): the gradient buffer, and whether to add to it (a parameter leaf's external buffer, or
+  /// a node that already has a gradient) or to write it whole (the first contribution to an
+  /// internal node: the buffer is sized and counts as holding the gradient from now on).
+  struct GradTarget {
+    MatrixMap<S> buffer;
+    bool add;
+  };
+  GradTarget grad_target(Var v) {
+    Node& n = node(v);
+    require(n.requires_grad, "tape grad_target: this node requires no gradient");
+    if (n.ext_grad) return GradTarget{MatrixMap<S>(n.ext_grad, n.rows, n.cols), true};
+    const bool add = n.has_grad;
+    if (!add) {
+      n.grad.resize(n.rows, n.cols);  // no reallocation when the size is unchanged
+      n.has_grad = true;
+    }
+    return GradTarget{MatrixMap<S>(n.grad.data(), n.rows, n.cols), add};
+  }
+
   /// grad(v) += e, for any Eigen expression of v's shape. The first accumulation into an internal
   /// node writes (=) instead of zero-filling and adding. No-op when v requires no gradient.
   template <class Expr>
@@ -252,13 +289,16 @@ class Tape {
   }
 
   /// grad(v) += g, taking g's buffer when v has no gradient yet (no copy). g receives the node's
-  /// previous buffer, so capacity circulates instead of being reallocated.
+  /// previous buffer, sized like g, so capacity circulates instead of being reallocated: when g is
+  /// a buffer kept across steps (scratch, aux), the same graph allocates nothing from its second
+  /// step on.
   void accumulate_move(Var v, Matrix<S>& g) {
     Node& n = node(v);
     if (!n.requires_grad) return;
     if (n.ext_grad || n.has_grad) return accumulate(v, g);
     require(g.rows() == n.rows && g.cols() == n.cols, "tape accumulate: gradient is [", g.rows(), ", ",
             g.cols(), "]; node is [", n.rows, ", ", n.cols, "]");
+    n.grad.resize(n.rows, n.cols);  // the buffer g gets back (allocated once, on the first step)
     n.grad.swap(g);
     n.has_grad = true;
   }
@@ -269,21 +309,11 @@ class Tape {
   void backward(Var root) {
     require(rows(root) == 1 && cols(root) == 1, "tape backward: the root is [", rows(root), ", ",
             cols(root), "]; backward(root) needs a scalar [1, 1] (or pass a seed of the root's shape)");
-    backward(root, Matrix<S>::Ones(1, 1));
+    run_backward(root, Eigen::Matrix<S, 1, 1>::Ones());
   }
 
   /// Seeds dRoot = seed (root's shape) and runs the backward. Only once per tape fill.
-  void backward(Var root, const ConstMatrixRef<S>& seed) {
-    require(!backward_done_, "tape backward: already run on this tape; clear() it before the next step");
-    require(requires_grad(root), "tape backward: nothing the root depends on requires a gradient ",
-            "(were the parameters bound without gradient buffers?)");
-    backward_done_ = true;
-    accumulate(root, seed);
-    for (std::int32_t i = root.id; i >= 0; --i) {
-      Node& n = *nodes_[i];
-      if (n.call && n.has_grad) n.call(n.closure, *this);
-    }
-  }
+  void backward(Var root, const ConstMatrixRef<S>& seed) { run_backward(root, seed); }
 
   // ---- lifetime ----------------------------------------------------------------------------
 
@@ -303,7 +333,7 @@ class Tape {
     ++epoch_;
   }
 
-  /// clear(), then frees every buffer too.
+  /// clear(), then frees every buffer too (workspaces included).
   void release() {
     clear();
     nodes_.clear();
@@ -314,22 +344,57 @@ class Tape {
   std::size_t size() const { return count_; }
 
   /// Bytes held by the tape's own buffers (values, gradients, scratch, closure arena), live or
-  /// kept for reuse. Not counted: parameters and their gradients (external), nor memory owned by
-  /// closures (an attention layer's Context).
+  /// kept for reuse. Not counted: parameters and their gradients (external), nor node workspaces
+  /// (an attention layer's Context).
   std::size_t capacity_bytes() const {
     std::size_t b = arena_.capacity_bytes();
     for (const auto& n : nodes_)
-      b += sizeof(S) * static_cast<std::size_t>(n->value.size() + n->grad.size() + n->aux.size()) +
+      b += sizeof(S) * static_cast<std::size_t>(n->value.size() + n->grad.size() + n->aux.size() +
+                                                n->scratch.size()) +
            sizeof(std::int32_t) * n->index.capacity();
     return b;
   }
 
  private:
+  Var push_node(Index rows, Index cols, bool requires_grad, bool with_value) {
+    require(rows >= 0 && cols >= 0, "tape: negative shape [", rows, ", ", cols, "]");
+    require(count_ < static_cast<std::size_t>(INT32_MAX), "tape: too many nodes");
+    if (count_ == nodes_.size()) nodes_.push_back(std::make_unique<Node>());
+    Node& n = *nodes_[count_];
+    n.rows = rows;
+    n.cols = cols;
+    n.requires_grad = requires_grad;
+    n.has_grad = false;
+    n.ext_value = nullptr;
+    n.ext_grad = nullptr;
+    n.call = nullptr;
+    n.destroy = nullptr;
+    n.closure = nullptr;
+    if (with_value) n.value.resize(rows, cols);  // no reallocation when the size is unchanged
+    return Var{static_cast<std::int32_t>(count_++), epoch_};
+  }
+
+  template <class Expr>
+  void run_backward(Var root, const Expr& seed) {
+    require(!backward_done_, "tape backward: already run on this tape; clear() it before the next step");
+    require(requires_grad(root), "tape backward: nothing the root depends on requires a gradient ",
+            "(were the parameters bound without gradient buffers?)");
+    backward_done_ = true;
+    accumulate(root, seed);
+    for (std::int32_t i = root.id; i >= 0; --i) {
+      Node& n = *nodes_[i];
+      if (n.call && n.has_grad) n.call(n.closure, *this);
+    }
+  }
+
   struct Node {
     Matrix<S> value;                 // [rows, cols]; unused by parameter leaves
     Matrix<S> grad;                  // [rows, cols] once has_grad; unused by parameter leaves
-    Matrix<S> aux;                   // op scratch
+    Matrix<S> aux;                   // op scratch kept for the backward
+    Matrix<S> scratch;               // op scratch, free use
     std::vector<std::int32_t> index; // op scratch (token ids, targets)
+    std::unique_ptr<detail::WorkspaceBase> work;  // op workspace (workspace<T>), kept across clears
+    const void* work_type = nullptr;               // &workspace_tag<T> of `work`
     const S* ext_value = nullptr;    // parameter leaf: external value
     S* ext_grad = nullptr;           // parameter leaf: external gradient (+=)
     Index rows = 0, cols = 0;

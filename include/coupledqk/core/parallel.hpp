@@ -6,11 +6,14 @@
 #ifdef _OPENMP
 #include <omp.h>
 #define COUPLEDQK_PRAGMA(x) _Pragma(#x)
-/// A parallel for over independent iterations (each iteration writes its own outputs).
+/// A parallel for over independent iterations (each iteration writes its own outputs). The library
+/// itself uses parallel_for / parallel_rows below instead.
 #define COUPLEDQK_PARALLEL_FOR COUPLEDQK_PRAGMA(omp parallel for schedule(dynamic, 1))
 #else
 #define COUPLEDQK_PARALLEL_FOR
 #endif
+
+#include <Eigen/Core>
 
 namespace coupledqk {
 
@@ -21,6 +24,46 @@ inline int max_threads() {
 #else
   return 1;
 #endif
+}
+
+/// The calling thread's number in the current parallel region (0 outside one), in [0, max_threads()).
+inline int thread_index() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+/// Calls f(i) for i = 0..n-1, iterations shared among the OpenMP threads (dynamic schedule, one
+/// iteration at a time) when there are several threads and several iterations and the caller is
+/// not already in a parallel region; otherwise a plain loop on the calling thread. (Entering an
+/// OpenMP region with one thread is not free: libgomp allocates a team for every such region, so a
+/// training step on one thread would allocate at every loop.)
+template <class F>
+void parallel_for(Eigen::Index n, F&& f) {
+#ifdef _OPENMP
+  if (n > 1 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (Eigen::Index i = 0; i < n; ++i) f(i);
+    return;
+  }
+#endif
+  for (Eigen::Index i = 0; i < n; ++i) f(i);
+}
+
+/// The same with a static schedule (contiguous blocks of rows), and in parallel only when `worth`
+/// (enough work to share). Used by the row kernels (autodiff/kernels.hpp).
+template <class F>
+void parallel_rows(Eigen::Index n, bool worth, F&& f) {
+#ifdef _OPENMP
+  if (worth && n > 1 && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+#pragma omp parallel for schedule(static)
+    for (Eigen::Index i = 0; i < n; ++i) f(i);
+    return;
+  }
+#endif
+  for (Eigen::Index i = 0; i < n; ++i) f(i);
 }
 
 }  // namespace coupledqk

@@ -9,6 +9,7 @@
 // gradient checks -- is written once here on top of visit().
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -89,13 +90,27 @@ Params zeros_like(const Params& p) {
   return z;
 }
 
-/// dst += src, tensor by tensor (same parameter type, same shapes).
+/// dst += src, tensor by tensor (same parameter type, same shapes). Allocates nothing for up to 32
+/// tensors.
 template <class Params>
 void add_into(Params& dst, const Params& src) {
-  std::vector<const void*> from;
-  src.visit([&](const char*, const auto& t) { from.push_back(&t); });
+  constexpr std::size_t small = 32;
+  std::array<const void*, small> fixed{};
+  std::vector<const void*> more;
+  std::size_t n = 0;
+  src.visit([&](const char*, const auto& t) {
+    if (n < small)
+      fixed[n] = &t;
+    else
+      more.push_back(&t);
+    ++n;
+  });
   std::size_t i = 0;
-  dst.visit([&](const char*, auto& t) { t += *static_cast<const std::decay_t<decltype(t)>*>(from[i++]); });
+  dst.visit([&](const char*, auto& t) {
+    const void* from = i < small ? fixed[i] : more[i - small];
+    ++i;
+    t += *static_cast<const std::decay_t<decltype(t)>*>(from);
+  });
 }
 
 /// Named views of every tensor, each name prefixed with `prefix`.

@@ -56,23 +56,46 @@ template <class S>
 struct Hamiltonian {
   using Params = HamiltonianParameters<S>;
 
-  /// grad V(q) per row; `act` keeps tanh(q W^T + b) for potential_vjp.
+  /// grad V(q) per row; `act` keeps tanh(q W^T + b) for potential_vjp. The overloads with a
+  /// TanhScratch reuse its buffers (no allocation call after call).
   static void grad_potential(const Params& p, const ConstMatrixRef<S>& q, Matrix<S>& act, Matrix<S>& out) {
-    TanhMap<S>::apply(q, p.W, p.b, &p.a, p.W, act, out);
+    TanhScratch<S> ws;
+    grad_potential(p, q, act, out, ws);
+  }
+  static void grad_potential(const Params& p, const ConstMatrixRef<S>& q, Matrix<S>& act, Matrix<S>& out,
+                             TanhScratch<S>& ws) {
+    TanhMap<S>::apply(q, p.W, p.b, &p.a, p.W, act, out, ws);
   }
   /// grad T(k) per row.
   static void grad_kinetic(const Params& p, const ConstMatrixRef<S>& k, Matrix<S>& act, Matrix<S>& out) {
-    TanhMap<S>::apply(k, p.U, p.e, &p.c, p.U, act, out);
+    TanhScratch<S> ws;
+    grad_kinetic(p, k, act, out, ws);
+  }
+  static void grad_kinetic(const Params& p, const ConstMatrixRef<S>& k, Matrix<S>& act, Matrix<S>& out,
+                           TanhScratch<S>& ws) {
+    TanhMap<S>::apply(k, p.U, p.e, &p.c, p.U, act, out, ws);
   }
   /// Cotangent of grad V(q): accumulates into qbar and the gradients of W, b, a.
   static void grad_potential_vjp(const Params& p, const ConstMatrixRef<S>& q, const Matrix<S>& act,
                                  const ConstMatrixRef<S>& gbar, MatrixRef<S> qbar, Params& grad) {
-    TanhMap<S>::vjp(q, act, p.W, &p.a, p.W, gbar, qbar, grad.W, grad.b, &grad.a, grad.W);
+    TanhScratch<S> ws;
+    grad_potential_vjp(p, q, act, gbar, qbar, grad, ws);
+  }
+  static void grad_potential_vjp(const Params& p, const ConstMatrixRef<S>& q, const Matrix<S>& act,
+                                 const ConstMatrixRef<S>& gbar, MatrixRef<S> qbar, Params& grad,
+                                 TanhScratch<S>& ws) {
+    TanhMap<S>::vjp(q, act, p.W, &p.a, p.W, gbar, qbar, grad.W, grad.b, &grad.a, grad.W, ws);
   }
   /// Cotangent of grad T(k): accumulates into kbar and the gradients of U, e, c.
   static void grad_kinetic_vjp(const Params& p, const ConstMatrixRef<S>& k, const Matrix<S>& act,
                                const ConstMatrixRef<S>& gbar, MatrixRef<S> kbar, Params& grad) {
-    TanhMap<S>::vjp(k, act, p.U, &p.c, p.U, gbar, kbar, grad.U, grad.e, &grad.c, grad.U);
+    TanhScratch<S> ws;
+    grad_kinetic_vjp(p, k, act, gbar, kbar, grad, ws);
+  }
+  static void grad_kinetic_vjp(const Params& p, const ConstMatrixRef<S>& k, const Matrix<S>& act,
+                               const ConstMatrixRef<S>& gbar, MatrixRef<S> kbar, Params& grad,
+                               TanhScratch<S>& ws) {
+    TanhMap<S>::vjp(k, act, p.U, &p.c, p.U, gbar, kbar, grad.U, grad.e, &grad.c, grad.U, ws);
   }
 
   /// H(q, k) for each row: [P].

@@ -9,9 +9,18 @@
 
 #include <cmath>
 
+#include "../core/gemm.hpp"
 #include "../core/types.hpp"
 
 namespace coupledqk {
+
+/// Intermediates of TanhMap::apply and vjp; passing the same one call after call makes them
+/// allocate nothing once the sizes are settled.
+template <class S>
+struct TanhScratch {
+  Matrix<S> scaled;  // scale * act [P, r]
+  Matrix<S> ubar;    // [P, r]
+};
 
 template <class S>
 struct TanhMap {
@@ -19,13 +28,24 @@ struct TanhMap {
   /// `scale` may be null (all ones).
   static void apply(const ConstMatrixRef<S>& x, const Matrix<S>& A, const Vector<S>& bias,
                     const Vector<S>* scale, const Matrix<S>& B, Matrix<S>& act, Matrix<S>& y) {
-    act.noalias() = x * A.transpose();
+    TanhScratch<S> ws;
+    apply(x, A, bias, scale, B, act, y, ws);
+  }
+  static void apply(const ConstMatrixRef<S>& x, const Matrix<S>& A, const Vector<S>& bias,
+                    const Vector<S>* scale, const Matrix<S>& B, Matrix<S>& act, Matrix<S>& y,
+                    TanhScratch<S>& ws) {
+    act.resize(x.rows(), A.rows());
+    gemm<S>(x, false, A, true, act);  // x A^T (core/gemm.hpp: kept packing buffers)
     act.rowwise() += bias.transpose();
     act = act.array().tanh();
-    if (scale)
-      y.noalias() = (act.array().rowwise() * scale->transpose().array()).matrix() * B;
-    else
-      y.noalias() = act * B;
+    if (scale) {
+      ws.scaled = (act.array().rowwise() * scale->transpose().array()).matrix();
+      y.resize(x.rows(), B.cols());
+      gemm<S>(ws.scaled, false, B, false, y);
+    } else {
+      y.resize(x.rows(), B.cols());
+      gemm<S>(act, false, B, false, y);
+    }
   }
 
   /// Vector-Jacobian product for the cotangent `ybar` [P, d] of y, given x and the `act` that apply
@@ -35,20 +55,30 @@ struct TanhMap {
                   const Vector<S>* scale, const Matrix<S>& B, const ConstMatrixRef<S>& ybar,
                   MatrixRef<S> xbar, Matrix<S>& dA, Vector<S>& dbias, Vector<S>* dscale,
                   Matrix<S>& dB) {
+    TanhScratch<S> ws;
+    vjp(x, act, A, scale, B, ybar, xbar, dA, dbias, dscale, dB, ws);
+  }
+  static void vjp(const ConstMatrixRef<S>& x, const Matrix<S>& act, const Matrix<S>& A,
+                  const Vector<S>* scale, const Matrix<S>& B, const ConstMatrixRef<S>& ybar,
+                  MatrixRef<S> xbar, Matrix<S>& dA, Vector<S>& dbias, Vector<S>* dscale,
+                  Matrix<S>& dB, TanhScratch<S>& ws) {
     // ubar = d loss / d (scale * act) = ybar B^T  [P, r]
-    Matrix<S> ubar = ybar * B.transpose();
+    Matrix<S>& ubar = ws.ubar;
+    ubar.resize(ybar.rows(), B.rows());
+    gemm<S>(ybar, false, B, true, ubar);
     if (scale) {
-      dB.noalias() += (act.array().rowwise() * scale->transpose().array()).matrix().transpose() * ybar;
+      ws.scaled = (act.array().rowwise() * scale->transpose().array()).matrix();
+      gemm<S>(ws.scaled, true, ybar, false, dB, S(1), true);  // dB += (scale act)^T ybar
       dscale->noalias() += (ubar.array() * act.array()).colwise().sum().matrix().transpose();
       ubar.array().rowwise() *= scale->transpose().array();
     } else {
-      dB.noalias() += act.transpose() * ybar;
+      gemm<S>(act, true, ybar, false, dB, S(1), true);
     }
     // through tanh: d/dz tanh(z) = 1 - tanh(z)^2
     ubar.array() *= (S(1) - act.array().square());
     dbias.noalias() += ubar.colwise().sum().transpose();
-    dA.noalias() += ubar.transpose() * x;
-    xbar.noalias() += ubar * A;
+    gemm<S>(ubar, true, x, false, dA, S(1), true);  // dA += ubar^T x
+    gemm<S>(ubar, false, A, false, xbar, S(1), true);  // xbar += ubar A
   }
 };
 

@@ -33,18 +33,19 @@ struct Euler {
     require(memory == DynamicsMemory::store,
             "Euler: DynamicsMemory::recompute needs a reversible integrator; Euler is not "
             "(use DynamicsMemory::store, or Leapfrog)");
-    const Vector<S> h = tau / S(Steps);
-    if (keep) keep->states.clear();
-    Matrix<S> act, gv, gt;
+    DynamicsScratch<S> local;
+    DynamicsScratch<S>& ws = keep ? keep->scratch : local;
+    ws.h = tau / S(Steps);
+    if (keep) keep->states.resize(2 * Steps);
     for (int s = 0; s < Steps; ++s) {
       if (keep) {
-        keep->states.push_back(q);
-        keep->states.push_back(k);
+        keep->states[2 * s] = q;  // same size step after step: no allocation
+        keep->states[2 * s + 1] = k;
       }
-      Hamiltonian<S>::grad_kinetic(p, k, act, gt);
-      Hamiltonian<S>::grad_potential(p, q, act, gv);
-      q.array() += gt.array().colwise() * h.array();
-      k.array() -= gv.array().colwise() * h.array();
+      Hamiltonian<S>::grad_kinetic(p, k, ws.act, ws.g2, ws.tanh);
+      Hamiltonian<S>::grad_potential(p, q, ws.act, ws.g, ws.tanh);
+      q.array() += ws.g2.array().colwise() * ws.h.array();
+      k.array() -= ws.g.array().colwise() * ws.h.array();
     }
   }
 
@@ -54,20 +55,21 @@ struct Euler {
                        MatrixRef<S> dk, parameters<S>& grad, Vector<S>& dtau, DynamicsMemory) {
     require(static_cast<int>(keep.states.size()) == 2 * Steps, "Euler::backward: the forward kept ",
             keep.states.size(), " states, expected ", 2 * Steps);
-    const Vector<S> h = tau / S(Steps);
+    DynamicsScratch<S>& ws = keep.scratch;
+    ws.h = tau / S(Steps);
     const S inv_steps = S(1) / S(Steps);
-    Matrix<S> act_v, act_t, gv, gt;
+    Matrix<S>&act_v = ws.act, &act_t = ws.act2, &gv = ws.g, &gt = ws.g2;
     for (int s = Steps - 1; s >= 0; --s) {
       const Matrix<S>& q_in = keep.states[2 * s];
       const Matrix<S>& k_in = keep.states[2 * s + 1];
-      Hamiltonian<S>::grad_kinetic(p, k_in, act_t, gt);
-      Hamiltonian<S>::grad_potential(p, q_in, act_v, gv);
+      Hamiltonian<S>::grad_kinetic(p, k_in, act_t, gt, ws.tanh);
+      Hamiltonian<S>::grad_potential(p, q_in, act_v, gv, ws.tanh);
       // q_out = q_in + h gt(k_in); k_out = k_in - h gv(q_in)
       dtau.noalias() += inv_steps * (row_dot<S>(dq, gt) - row_dot<S>(dk, gv));
-      const Matrix<S> gbar_t = (dq.array().colwise() * h.array()).matrix();
-      const Matrix<S> gbar_v = -(dk.array().colwise() * h.array()).matrix();
-      Hamiltonian<S>::grad_kinetic_vjp(p, k_in, act_t, gbar_t, dk, grad);
-      Hamiltonian<S>::grad_potential_vjp(p, q_in, act_v, gbar_v, dq, grad);
+      ws.bar = (dq.array().colwise() * ws.h.array()).matrix();    // gbar_t
+      ws.bar2 = -(dk.array().colwise() * ws.h.array()).matrix();  // gbar_v
+      Hamiltonian<S>::grad_kinetic_vjp(p, k_in, act_t, ws.bar, dk, grad, ws.tanh);
+      Hamiltonian<S>::grad_potential_vjp(p, q_in, act_v, ws.bar2, dq, grad, ws.tanh);
     }
   }
 };

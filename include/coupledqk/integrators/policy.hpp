@@ -16,7 +16,9 @@
 //   template <class S> static parameters<S> make_parameters(const DynamicsShape&, Rng&);
 //
 //   // q, k: [P, d], evolved in place. tau: [P]. `keep` (may be null when no backward follows)
-//   // receives what backward needs under `memory`.
+//   // receives what backward needs under `memory`; its `scratch` (DynamicsScratch) is memory the
+//   // integrator may reuse in forward and backward, so that a trace kept from step to step makes
+//   // the dynamics allocate nothing (optional for a user-written policy).
 //   template <class S> static void forward(const parameters<S>&, const Vector<S>& tau,
 //       MatrixRef<S> q, MatrixRef<S> k, StateTrace<S>* keep, DynamicsMemory memory);
 //
@@ -42,10 +44,24 @@
 
 namespace coupledqk {
 
-/// What an integrator's forward keeps for its backward: one [P, d] state per entry.
+/// Buffers an integrator may use freely inside forward and backward. They live in the StateTrace,
+/// so a trace kept from one step to the next (as Attention's Context keeps one per chunk of pairs)
+/// makes the dynamics allocate nothing after the first step.
+template <class S>
+struct DynamicsScratch {
+  Vector<S> h;                            // [P] sub-step sizes
+  Matrix<S> act, act2, g, g2, bar, bar2;  // [P, m] activations, [P, d] fields and cotangents
+  Matrix<S> q, k;                         // [P, d] states (recompute mode)
+  Matrix<S> w1, w2, dw1, dw2;             // weight-shaped temporaries
+  TanhScratch<S> tanh;
+};
+
+/// What an integrator's forward keeps for its backward: one [P, d] state per entry. `scratch` is
+/// not part of what is kept: it is reused memory (mutable, so that backward can use it too).
 template <class S>
 struct StateTrace {
   std::vector<Matrix<S>> states;
+  mutable DynamicsScratch<S> scratch;
 };
 
 /// Scales row r of m by s[r].
@@ -54,9 +70,10 @@ auto row_scaled(const Matrix<S>& m, const Vector<S>& s) {
   return (m.array().colwise() * s.array()).matrix();
 }
 
-/// Per-row dot products: out[r] = a.row(r) . b.row(r).
+/// Per-row dot products: out[r] = a.row(r) . b.row(r). An expression (nothing is allocated), to be
+/// used while a and b are alive.
 template <class S, class A, class B>
-Vector<S> row_dot(const A& a, const B& b) {
+auto row_dot(const A& a, const B& b) {
   return (a.array() * b.array()).rowwise().sum().matrix();
 }
 

@@ -60,32 +60,33 @@ namespace detail {
 template <class S>
 void splitting_stage(const HamiltonianParameters<S>& p, const Stage& st, const Vector<S>& h,
                      const ConstMatrixRef<S>& arg, MatrixRef<S> moved, S direction,
-                     Matrix<S>& act, Matrix<S>& g) {
+                     Matrix<S>& act, Matrix<S>& g, TanhScratch<S>& ws) {
   if (st.kind == StageKind::kick) {
-    Hamiltonian<S>::grad_potential(p, arg, act, g);
+    Hamiltonian<S>::grad_potential(p, arg, act, g, ws);
     moved.array() -= (direction * S(st.coef)) * (g.array().colwise() * h.array());
   } else {
-    Hamiltonian<S>::grad_kinetic(p, arg, act, g);
+    Hamiltonian<S>::grad_kinetic(p, arg, act, g, ws);
     moved.array() += (direction * S(st.coef)) * (g.array().colwise() * h.array());
   }
 }
 
 /// One stage, backward. `g`, `act` are grad V(arg) or grad T(arg) and its activations; dmoved is the
-/// cotangent of the moved state (unchanged by the stage), darg accumulates.
+/// cotangent of the moved state (unchanged by the stage), darg accumulates. gbar: scratch.
 template <class S>
 void splitting_stage_vjp(const HamiltonianParameters<S>& p, const Stage& st, const Vector<S>& h,
                          S inv_steps, const ConstMatrixRef<S>& arg, const Matrix<S>& act,
                          const Matrix<S>& g, const ConstMatrixRef<S>& dmoved, MatrixRef<S> darg,
-                         HamiltonianParameters<S>& grad, Vector<S>& dtau) {
+                         HamiltonianParameters<S>& grad, Vector<S>& dtau, Matrix<S>& gbar,
+                         TanhScratch<S>& ws) {
   // kick: moved = k - c h g  -> sign -1 ; drift: moved = q + c h g -> sign +1
   const S sign = st.kind == StageKind::kick ? S(-1) : S(1);
   const S c = sign * S(st.coef);
   dtau.noalias() += (c * inv_steps) * row_dot<S>(dmoved, g);
-  const Matrix<S> gbar = c * (dmoved.array().colwise() * h.array()).matrix();
+  gbar = c * (dmoved.array().colwise() * h.array()).matrix();
   if (st.kind == StageKind::kick)
-    Hamiltonian<S>::grad_potential_vjp(p, arg, act, gbar, darg, grad);
+    Hamiltonian<S>::grad_potential_vjp(p, arg, act, gbar, darg, grad, ws);
   else
-    Hamiltonian<S>::grad_kinetic_vjp(p, arg, act, gbar, darg, grad);
+    Hamiltonian<S>::grad_kinetic_vjp(p, arg, act, gbar, darg, grad, ws);
 }
 
 }  // namespace detail
@@ -111,21 +112,23 @@ struct SymplecticSplitting {
     return parameters<S>(shape, rng);
   }
 
+  // Scratch: keep->scratch when a trace is given (reused call after call), else a local one.
   template <class S>
   static void forward(const parameters<S>& p, const Vector<S>& tau, MatrixRef<S> q, MatrixRef<S> k,
                       StateTrace<S>* keep, DynamicsMemory memory) {
-    const Vector<S> h = tau / S(Steps);
+    DynamicsScratch<S> local;
+    DynamicsScratch<S>& ws = keep ? keep->scratch : local;
+    ws.h = tau / S(Steps);
     const bool store = keep != nullptr && memory == DynamicsMemory::store;
-    if (keep) keep->states.clear();
-    Matrix<S> act, g;
+    if (keep) keep->states.resize(store ? static_cast<std::size_t>(plan.size) : 0);
     for (int i = 0; i < plan.size; ++i) {
       const Stage& st = plan.stage[i];
       const bool kick = st.kind == StageKind::kick;
-      if (store) keep->states.push_back(kick ? Matrix<S>(q) : Matrix<S>(k));
+      if (store) keep->states[static_cast<std::size_t>(i)] = kick ? q : k;  // same size: no allocation
       if (kick)
-        detail::splitting_stage<S>(p, st, h, q, k, S(1), act, g);
+        detail::splitting_stage<S>(p, st, ws.h, q, k, S(1), ws.act, ws.g, ws.tanh);
       else
-        detail::splitting_stage<S>(p, st, h, k, q, S(1), act, g);
+        detail::splitting_stage<S>(p, st, ws.h, k, q, S(1), ws.act, ws.g, ws.tanh);
     }
   }
 
@@ -134,40 +137,42 @@ struct SymplecticSplitting {
                        const ConstMatrixRef<S>& q_out, const ConstMatrixRef<S>& k_out,
                        MatrixRef<S> dq, MatrixRef<S> dk, parameters<S>& grad, Vector<S>& dtau,
                        DynamicsMemory memory) {
-    const Vector<S> h = tau / S(Steps);
+    DynamicsScratch<S>& ws = keep.scratch;
+    ws.h = tau / S(Steps);
     const S inv_steps = S(1) / S(Steps);
     const bool recompute = memory == DynamicsMemory::recompute;
     require(recompute || static_cast<int>(keep.states.size()) == plan.size,
             "SymplecticSplitting::backward: the forward kept ", keep.states.size(),
             " states, expected ", plan.size, " (was forward run with a trace in store mode?)");
-    Matrix<S> q, k;  // current states while walking backwards (recompute mode only)
+    Matrix<S>&q = ws.q, &k = ws.k;  // current states while walking backwards (recompute mode only)
     if (recompute) {
       q = q_out;
       k = k_out;
     }
-    Matrix<S> act, g;
     for (int i = plan.size - 1; i >= 0; --i) {
       const Stage& st = plan.stage[i];
       const bool kick = st.kind == StageKind::kick;
       if (recompute) {
         // Undo the stage: its argument is unchanged by it, so g is also what the vjp needs.
         if (kick)
-          detail::splitting_stage<S>(p, st, h, q, k, S(-1), act, g);
+          detail::splitting_stage<S>(p, st, ws.h, q, k, S(-1), ws.act, ws.g, ws.tanh);
         else
-          detail::splitting_stage<S>(p, st, h, k, q, S(-1), act, g);
+          detail::splitting_stage<S>(p, st, ws.h, k, q, S(-1), ws.act, ws.g, ws.tanh);
       } else {
-        const Matrix<S>& arg = keep.states[i];
+        const Matrix<S>& arg = keep.states[static_cast<std::size_t>(i)];
         if (kick)
-          Hamiltonian<S>::grad_potential(p, arg, act, g);
+          Hamiltonian<S>::grad_potential(p, arg, ws.act, ws.g, ws.tanh);
         else
-          Hamiltonian<S>::grad_kinetic(p, arg, act, g);
+          Hamiltonian<S>::grad_kinetic(p, arg, ws.act, ws.g, ws.tanh);
       }
       const ConstMatrixRef<S> arg = recompute ? (kick ? ConstMatrixRef<S>(q) : ConstMatrixRef<S>(k))
-                                              : ConstMatrixRef<S>(keep.states[i]);
+                                              : ConstMatrixRef<S>(keep.states[static_cast<std::size_t>(i)]);
       if (kick)
-        detail::splitting_stage_vjp<S>(p, st, h, inv_steps, arg, act, g, dk, dq, grad, dtau);
+        detail::splitting_stage_vjp<S>(p, st, ws.h, inv_steps, arg, ws.act, ws.g, dk, dq, grad, dtau, ws.bar,
+                                       ws.tanh);
       else
-        detail::splitting_stage_vjp<S>(p, st, h, inv_steps, arg, act, g, dq, dk, grad, dtau);
+        detail::splitting_stage_vjp<S>(p, st, ws.h, inv_steps, arg, ws.act, ws.g, dq, dk, grad, dtau, ws.bar,
+                                       ws.tanh);
     }
   }
 };

@@ -75,19 +75,21 @@ struct Uncoupled {
     require(memory == DynamicsMemory::store,
             "Uncoupled: DynamicsMemory::recompute needs a reversible integrator; Uncoupled is not "
             "(use DynamicsMemory::store)");
-    const Vector<S> h = tau / S(Steps);
-    const Matrix<S> Bq = p.Pq2.transpose(), Bk = p.Pk2.transpose();
-    if (keep) keep->states.clear();
-    Matrix<S> act, f;
+    DynamicsScratch<S> local;
+    DynamicsScratch<S>& ws = keep ? keep->scratch : local;
+    ws.h = tau / S(Steps);
+    ws.w1 = p.Pq2.transpose();
+    ws.w2 = p.Pk2.transpose();
+    if (keep) keep->states.resize(2 * Steps);
     for (int s = 0; s < Steps; ++s) {
       if (keep) {
-        keep->states.push_back(q);
-        keep->states.push_back(k);
+        keep->states[2 * s] = q;  // same size step after step: no allocation
+        keep->states[2 * s + 1] = k;
       }
-      TanhMap<S>::apply(q, p.Pq1, p.pq, nullptr, Bq, act, f);
-      q.array() += f.array().colwise() * h.array();
-      TanhMap<S>::apply(k, p.Pk1, p.pk, nullptr, Bk, act, f);
-      k.array() += f.array().colwise() * h.array();
+      TanhMap<S>::apply(q, p.Pq1, p.pq, nullptr, ws.w1, ws.act, ws.g, ws.tanh);
+      q.array() += ws.g.array().colwise() * ws.h.array();
+      TanhMap<S>::apply(k, p.Pk1, p.pk, nullptr, ws.w2, ws.act, ws.g, ws.tanh);
+      k.array() += ws.g.array().colwise() * ws.h.array();
     }
   }
 
@@ -97,16 +99,20 @@ struct Uncoupled {
                        MatrixRef<S> dk, parameters<S>& grad, Vector<S>& dtau, DynamicsMemory) {
     require(static_cast<int>(keep.states.size()) == 2 * Steps, "Uncoupled::backward: the forward kept ",
             keep.states.size(), " states, expected ", 2 * Steps);
-    const Vector<S> h = tau / S(Steps);
+    DynamicsScratch<S>& ws = keep.scratch;
+    ws.h = tau / S(Steps);
     const S inv_steps = S(1) / S(Steps);
-    const Matrix<S> Bq = p.Pq2.transpose(), Bk = p.Pk2.transpose();
-    Matrix<S> dBq = Matrix<S>::Zero(Bq.rows(), Bq.cols()), dBk = dBq;
+    ws.w1 = p.Pq2.transpose();
+    ws.w2 = p.Pk2.transpose();
+    ws.dw1.setZero(ws.w1.rows(), ws.w1.cols());
+    ws.dw2.setZero(ws.w2.rows(), ws.w2.cols());
     for (int s = Steps - 1; s >= 0; --s) {
-      branch_vjp(keep.states[2 * s], p.Pq1, p.pq, Bq, h, inv_steps, dq, grad.Pq1, grad.pq, dBq, dtau);
-      branch_vjp(keep.states[2 * s + 1], p.Pk1, p.pk, Bk, h, inv_steps, dk, grad.Pk1, grad.pk, dBk, dtau);
+      branch_vjp(keep.states[2 * s], p.Pq1, p.pq, ws.w1, ws.h, inv_steps, dq, grad.Pq1, grad.pq, ws.dw1, dtau, ws);
+      branch_vjp(keep.states[2 * s + 1], p.Pk1, p.pk, ws.w2, ws.h, inv_steps, dk, grad.Pk1, grad.pk, ws.dw2, dtau,
+                 ws);
     }
-    grad.Pq2 += dBq.transpose();
-    grad.Pk2 += dBk.transpose();
+    grad.Pq2 += ws.dw1.transpose();
+    grad.Pk2 += ws.dw2.transpose();
   }
 
  private:
@@ -114,12 +120,12 @@ struct Uncoupled {
   template <class S>
   static void branch_vjp(const Matrix<S>& x_in, const Matrix<S>& P1, const Vector<S>& bias,
                          const Matrix<S>& B, const Vector<S>& h, S inv_steps, MatrixRef<S> dx,
-                         Matrix<S>& dP1, Vector<S>& dbias, Matrix<S>& dB, Vector<S>& dtau) {
-    Matrix<S> act, f;
-    TanhMap<S>::apply(x_in, P1, bias, nullptr, B, act, f);
-    dtau.noalias() += inv_steps * row_dot<S>(dx, f);
-    const Matrix<S> fbar = (dx.array().colwise() * h.array()).matrix();
-    TanhMap<S>::vjp(x_in, act, P1, nullptr, B, fbar, dx, dP1, dbias, nullptr, dB);
+                         Matrix<S>& dP1, Vector<S>& dbias, Matrix<S>& dB, Vector<S>& dtau,
+                         DynamicsScratch<S>& ws) {
+    TanhMap<S>::apply(x_in, P1, bias, nullptr, B, ws.act, ws.g, ws.tanh);
+    dtau.noalias() += inv_steps * row_dot<S>(dx, ws.g);
+    ws.bar = (dx.array().colwise() * h.array()).matrix();  // fbar
+    TanhMap<S>::vjp(x_in, ws.act, P1, nullptr, B, ws.bar, dx, dP1, dbias, nullptr, dB, ws.tanh);
   }
 };
 

@@ -209,9 +209,8 @@ class AnyGpt {
     // x = wte[tokens] + wpe[t]: [B*T, D]
     const Var wte = bind(params_.wte, grads_.wte);
     const Var wpe = bind(params_.wpe, grads_.wpe);
-    std::vector<std::int32_t> positions(static_cast<std::size_t>(N));  // row (b, t) -> t
-    for (Index r = 0; r < N; ++r) positions[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(r % T);
-    Var x = ops::add(t, ops::embedding(t, wte, tokens.data, N), ops::embedding(t, wpe, positions.data(), N));
+    // row (b, t) -> position t
+    Var x = ops::add(t, ops::embedding(t, wte, tokens.data, N), ops::position_embedding(t, wpe, N, T));
 
     for (Index l = 0; l < config_.layers; ++l) {
       const GptBlock<S>& p = params_.h[static_cast<std::size_t>(l)];
@@ -242,8 +241,19 @@ class AnyGpt {
 
   // ---- parameters --------------------------------------------------------------------------
 
+  /// Sets the gradient buffer to zero (allocates nothing).
   void zero_grad() {
-    for (auto& v : gradients()) std::fill(v.data, v.data + v.size(), S(0));
+    grads_.wte.setZero();
+    grads_.wpe.setZero();
+    for (Index l = 0; l < config_.layers; ++l) {
+      GptBlock<S>& b = grads_.h[static_cast<std::size_t>(l)];
+      for (Vector<S>* v : {&b.ln1_g, &b.ln1_b, &b.ln2_g, &b.ln2_b, &b.fc_b, &b.proj_b}) v->setZero();
+      b.fc_w.setZero();
+      b.proj_w.setZero();
+      zero_attention_gradients(l);
+    }
+    grads_.lnf_g.setZero();
+    grads_.lnf_b.setZero();
   }
 
   /// Named views of every parameter (see the names at the top of this file) and of its gradient:
@@ -348,6 +358,8 @@ class AnyGpt {
                                std::vector<TensorView<S>>* grads) = 0;
   /// Number of parameters of layer l (dynamics_only: dyn.* and dyn.rho only).
   virtual Index attention_parameter_count(Index l, bool dynamics_only) const = 0;
+  /// Sets layer l's gradient buffer to zero.
+  virtual void zero_attention_gradients(Index l) = 0;
 
  private:
   AnyGpt& mutable_self() const {
@@ -421,6 +433,7 @@ class Gpt final : public AnyGpt<S> {
     if (params) append_views<S>(layers_[i].params, prefix, *params);
     if (grads) append_views<S>(layer_grads_[i], prefix, *grads);
   }
+  void zero_attention_gradients(Index l) override { set_zero(layer_grads_[static_cast<std::size_t>(l)]); }
   Index attention_parameter_count(Index l, bool dynamics_only) const override {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     return dynamics_only ? layer.dynamics_parameter_count() : layer.parameter_count();

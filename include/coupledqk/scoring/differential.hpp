@@ -52,6 +52,8 @@ struct Differential {
     Matrix<S> av;
     Matrix<S> inv_rms;
     S lambda = 0;
+    mutable Matrix<S> dav, do2;  // backward's workspace (reused call after call), not kept state
+    mutable std::vector<typename FlashSoftmax<S>::Workspace> work;  // tiles, one set per thread
   };
 
   static double lambda_init(int layer_index) { return 0.8 - 0.6 * std::exp(-0.3 * layer_index); }
@@ -101,9 +103,9 @@ struct Differential {
       s.o2.resize(q.rows(), q.cols());
       s.lse1.resize(BG, T);
       s.lse2.resize(BG, T);
+      FlashSoftmax<S>::prepare(s.work, T, 2 * d);
     }
-    COUPLEDQK_PARALLEL_FOR
-    for (Index bg = 0; bg < BG; ++bg) {
+    parallel_for(BG, [&](Index bg) {
       const Index b = bg / G, g = bg % G;
       const Index r0 = b * T, c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
       auto av = s.av.block(r0, cv, T, 2 * d);
@@ -115,10 +117,11 @@ struct Differential {
         av.noalias() = (P1 - lam * P2) * v.block(r0, cv, T, 2 * d);
       } else {
         // A V = P1 V - lambda P2 V: two flash attentions with values of width 2d
+        auto& w = s.work[static_cast<std::size_t>(thread_index())];
         FlashSoftmax<S>::forward(q.block(r0, c1, T, d), k.block(r0, c1, T, d), v.block(r0, cv, T, 2 * d),
-                                 scale, s.o1.block(r0, cv, T, 2 * d), s.lse1.row(bg).data());
+                                 scale, s.o1.block(r0, cv, T, 2 * d), s.lse1.row(bg).data(), w);
         FlashSoftmax<S>::forward(q.block(r0, c2, T, d), k.block(r0, c2, T, d), v.block(r0, cv, T, 2 * d),
-                                 scale, s.o2.block(r0, cv, T, 2 * d), s.lse2.row(bg).data());
+                                 scale, s.o2.block(r0, cv, T, 2 * d), s.lse2.row(bg).data(), w);
         av = s.o1.block(r0, cv, T, 2 * d) - lam * s.o2.block(r0, cv, T, 2 * d);
       }
       for (Index i = 0; i < T; ++i) {
@@ -126,7 +129,7 @@ struct Differential {
         s.inv_rms(r0 + i, g) = r;
         o.block(r0 + i, cv, 1, 2 * d).array() = (out_scale * r) * av.row(i).array() * p.subln.transpose().array();
       }
-    }
+    });
   }
 
   // One new query per sequence against its cached keys and values (incremental decoding).
@@ -165,7 +168,8 @@ struct Differential {
     dv.setZero(v.rows(), v.cols());
     // Through o = out_scale * r * av * subln, r = (mean(av^2) + eps)^(-1/2), row by row, serially
     // (subln's gradient is a sum over every row).
-    Matrix<S> dav(q.rows(), q.cols());
+    Matrix<S>& dav = s.dav;
+    dav.resize(q.rows(), q.cols());
     for (Index row = 0; row < q.rows(); ++row)
       for (Index g = 0; g < G; ++g) {
         const Index cv = 2 * g * d;
@@ -173,7 +177,7 @@ struct Differential {
         const auto avr = s.av.block(row, cv, 1, 2 * d).array();
         const auto doi = d_o.block(row, cv, 1, 2 * d).array();
         grad.subln.array() += (out_scale * r) * (avr * doi).transpose();
-        const auto gi = (out_scale * doi * p.subln.transpose().array()).eval();
+        const auto gi = out_scale * doi * p.subln.transpose().array();  // an expression
         const S mean_go = (gi * avr).sum() / S(2 * d);
         dav.block(row, cv, 1, 2 * d).array() = r * (gi - avr * (r * r * mean_go));
       }
@@ -198,20 +202,23 @@ struct Differential {
     } else {
       // av = o1 - lambda o2: d o1 = dav, d o2 = -lambda dav, d lambda = -sum(dav * o2)
       dlambda = -(dav.array() * s.o2.array()).sum();
-      const Matrix<S> do2 = -lam * dav;
-      COUPLEDQK_PARALLEL_FOR
-      for (Index bg = 0; bg < BG; ++bg) {
+      Matrix<S>& do2 = s.do2;
+      do2 = -lam * dav;
+      FlashSoftmax<S>::prepare(s.work, T, 2 * d);
+      parallel_for(BG, [&](Index bg) {
         const Index b = bg / G, g = bg % G;
         const Index r0 = b * T, c1 = 2 * g * d, c2 = (2 * g + 1) * d, cv = 2 * g * d;
         FlashSoftmax<S>::backward(q.block(r0, c1, T, d), k.block(r0, c1, T, d), v.block(r0, cv, T, 2 * d),
                                   s.o1.block(r0, cv, T, 2 * d), dav.block(r0, cv, T, 2 * d),
                                   s.lse1.row(bg).data(), scale, dq.block(r0, c1, T, d),
-                                  dk.block(r0, c1, T, d), dv.block(r0, cv, T, 2 * d));
+                                  dk.block(r0, c1, T, d), dv.block(r0, cv, T, 2 * d),
+                                  s.work[static_cast<std::size_t>(thread_index())]);
         FlashSoftmax<S>::backward(q.block(r0, c2, T, d), k.block(r0, c2, T, d), v.block(r0, cv, T, 2 * d),
                                   s.o2.block(r0, cv, T, 2 * d), do2.block(r0, cv, T, 2 * d),
                                   s.lse2.row(bg).data(), scale, dq.block(r0, c2, T, d),
-                                  dk.block(r0, c2, T, d), dv.block(r0, cv, T, 2 * d));
-      }
+                                  dk.block(r0, c2, T, d), dv.block(r0, cv, T, 2 * d),
+                                  s.work[static_cast<std::size_t>(thread_index())]);
+      });
     }
     const S e1 = std::exp(p.lq1.dot(p.lk1)), e2 = std::exp(p.lq2.dot(p.lk2));
     grad.lq1 += (dlambda * e1) * p.lk1;

@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "../core/parallel.hpp"
 #include "../core/types.hpp"
 #include "causal_softmax.hpp"
 
@@ -22,12 +24,51 @@ template <class S>
 struct FlashSoftmax {
   static constexpr Index tile = 64;
 
-  /// o (=) and lse (=) for one head.
+  /// The tiles and row statistics of one head's pass. Its content never carries from one call to
+  /// the next, so results do not depend on which workspace (thread) runs a head.
+  struct Workspace {
+    Matrix<S> s, acc, dp;   // [tile, tile], [tile, dv], [tile, tile]
+    Vector<S> m, l, delta;  // [tile], [tile], [T]
+    void reserve(Index T, Index dv) {
+      s.resize(tile, tile);
+      dp.resize(tile, tile);
+      acc.resize(tile, dv);
+      m.resize(tile);
+      l.resize(tile);
+      delta.resize(T);
+    }
+  };
+  /// One workspace per thread of a parallel loop over heads, all sized here by the calling thread
+  /// (so the loop allocates nothing, whichever thread runs which head); `work` is kept by the caller
+  /// from call to call (the scorings keep it in their saved state).
+  static void prepare(std::vector<Workspace>& work, Index T, Index dv) {
+    // every thread of the coming loop, or the calling thread when the loop runs on it alone
+    const auto n = static_cast<std::size_t>(std::max(max_threads(), thread_index() + 1));
+    if (work.size() < n) work.resize(n);
+    for (Workspace& w : work) w.reserve(T, dv);
+  }
+
+  /// o (=) and lse (=) for one head, with this thread's workspace.
   static void forward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
                       S scale, BlockRef<S> o, S* lse) {
+    thread_local Workspace w;
+    forward(q, k, v, scale, o, lse, w);
+  }
+  /// Accumulates (+=) dq, dk, dv of one head, with this thread's workspace.
+  static void backward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
+                       const ConstBlockRef<S>& o, const ConstBlockRef<S>& d_o, const S* lse, S scale,
+                       BlockRef<S> dq, BlockRef<S> dk, BlockRef<S> dv) {
+    thread_local Workspace w;
+    backward(q, k, v, o, d_o, lse, scale, dq, dk, dv, w);
+  }
+
+  /// o (=) and lse (=) for one head.
+  static void forward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
+                      S scale, BlockRef<S> o, S* lse, Workspace& w) {
     const Index T = q.rows(), dv = v.cols();
-    Matrix<S> s(tile, tile), acc(tile, dv);
-    Vector<S> m(tile), l(tile);
+    w.reserve(T, dv);  // nothing to do when prepare() sized it
+    Matrix<S>&s = w.s, &acc = w.acc;
+    Vector<S>&m = w.m, &l = w.l;
     for (Index i0 = 0; i0 < T; i0 += tile) {
       const Index bi = std::min(tile, T - i0);
       m.head(bi).setConstant(-std::numeric_limits<S>::infinity());
@@ -66,11 +107,13 @@ struct FlashSoftmax {
   /// Accumulates (+=) dq, dk, dv of one head from its forward's o and lse and the cotangent d_o.
   static void backward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
                        const ConstBlockRef<S>& o, const ConstBlockRef<S>& d_o, const S* lse, S scale,
-                       BlockRef<S> dq, BlockRef<S> dk, BlockRef<S> dv) {
+                       BlockRef<S> dq, BlockRef<S> dk, BlockRef<S> dv, Workspace& w) {
     const Index T = q.rows();
+    w.reserve(T, v.cols());
     // delta_i = sum_j P_ij dP_ij = d_o_i . o_i
-    const Vector<S> delta = (d_o.array() * o.array()).rowwise().sum().matrix();
-    Matrix<S> p(tile, tile), dp(tile, tile);
+    Vector<S>& delta = w.delta;
+    delta = (d_o.array() * o.array()).rowwise().sum().matrix();
+    Matrix<S>&p = w.s, &dp = w.dp;
     for (Index i0 = 0; i0 < T; i0 += tile) {
       const Index bi = std::min(tile, T - i0);
       for (Index j0 = 0; j0 < i0 + bi; j0 += tile) {

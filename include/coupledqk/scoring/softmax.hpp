@@ -27,6 +27,8 @@ struct Softmax {
   struct saved {
     std::vector<Matrix<S>> probs;
     Matrix<S> lse;
+    /// Tiles of the fast path, one set per thread (FlashSoftmax::prepare); reused memory, not state.
+    mutable std::vector<typename FlashSoftmax<S>::Workspace> work;
   };
 
   static void validate(const ScoringShape&) {}
@@ -58,13 +60,15 @@ struct Softmax {
     Matrix<S> local;
     Matrix<S>& lse = keep ? keep->lse : local;
     lse.resize(BH, T);
-    COUPLEDQK_PARALLEL_FOR
-    for (Index bh = 0; bh < BH; ++bh) {
+    std::vector<typename FlashSoftmax<S>::Workspace> local_work;
+    auto& work = keep ? keep->work : local_work;
+    FlashSoftmax<S>::prepare(work, T, d);
+    parallel_for(BH, [&](Index bh) {
       const Index b = bh / sh.heads, h = bh % sh.heads;
       FlashSoftmax<S>::forward(q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
                                v.block(b * T, h * d, T, d), scale, o.block(b * T, h * d, T, d),
-                               lse.row(bh).data());
-    }
+                               lse.row(bh).data(), work[static_cast<std::size_t>(thread_index())]);
+    });
   }
 
   // One new query per sequence against its cached keys and values (incremental decoding).
@@ -106,15 +110,15 @@ struct Softmax {
       return;
     }
     dv.setZero(v.rows(), v.cols());
-    COUPLEDQK_PARALLEL_FOR
-    for (Index bh = 0; bh < BH; ++bh) {
+    FlashSoftmax<S>::prepare(keep.work, T, d);
+    parallel_for(BH, [&](Index bh) {
       const Index b = bh / sh.heads, h = bh % sh.heads;
       FlashSoftmax<S>::backward(q.block(b * T, h * d, T, d), k.block(b * T, h * d, T, d),
                                 v.block(b * T, h * d, T, d), o.block(b * T, h * d, T, d),
                                 d_o.block(b * T, h * d, T, d), keep.lse.row(bh).data(), scale,
                                 dq.block(b * T, h * d, T, d), dk.block(b * T, h * d, T, d),
-                                dv.block(b * T, h * d, T, d));
-    }
+                                dv.block(b * T, h * d, T, d), keep.work[static_cast<std::size_t>(thread_index())]);
+    });
   }
 };
 
