@@ -132,7 +132,9 @@ std::string to_json(const CheckpointInfo& info) {
                    {"seed", std::to_string(r.seed)},
                    {"budget_tokens", info.budget_tokens},
                    {"budget_seconds", info.budget_seconds},
-                   {"threads", info.threads}};
+                   {"threads", info.threads},
+                   {"device", info.device},
+                   {"precision", info.precision}};
   json rng = json::array();
   for (std::uint64_t s : info.state.sampler) rng.push_back(std::to_string(s));
   json curve = json::array();
@@ -195,6 +197,9 @@ CheckpointInfo checkpoint_info_from_json(const std::string& text, const std::str
   info.budget_tokens = get<Index>(t, "budget_tokens", "training.", source);
   info.budget_seconds = get<double>(t, "budget_seconds", "training.", source);
   info.threads = get<int>(t, "threads", "training.", source);
+  // Written since --device: optional, so that earlier checkpoints (CPU, float32) still read.
+  if (t.contains("device")) info.device = get<std::string>(t, "device", "training.", source);
+  if (t.contains("precision")) info.precision = get<std::string>(t, "precision", "training.", source);
   const json& s = field(j, "state", "", source);
   info.state.step = get<Index>(s, "step", "state.", source);
   info.state.tokens_seen = get<Index>(s, "tokens_seen", "state.", source);

@@ -75,6 +75,8 @@ struct CheckpointInfo {
   int threads = 0;             ///< thread count of the session that wrote it (bit-identity needs the same)
   Index budget_tokens = 0;     ///< the budget the run was started with (one of the two is > 0)
   double budget_seconds = 0;
+  std::string device = "cpu";     ///< where the session that wrote it trained (informative: any device resumes)
+  std::string precision = "f32";  ///< its activation storage (f32, bf16)
 };
 
 /// The JSON text stored under the "coupledqk" metadata key, and its inverse (io_error on anything

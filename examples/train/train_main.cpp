@@ -30,6 +30,7 @@ void print_result(const ct::TrainOptions& o, const ct::TrainResult& r) {
   std::printf("training         %ld/%ld steps, %ld tokens, %d thread(s), %.1f s of training\n",
               static_cast<long>(r.steps_done), static_cast<long>(r.total_steps), static_cast<long>(r.tokens_seen),
               r.threads, r.train_seconds);
+  if (r.device != "cpu") std::printf("device           %s\n", r.device_name.c_str());
   std::printf("throughput       %.0f tokens/s (this session, evaluations excluded)\n", r.tokens_per_s);
   std::printf("train loss       %.4f (mean of the last steps)\n", r.final_train_loss);
   if (r.stopped_early) {

@@ -1,5 +1,7 @@
 #include "trainer.hpp"
 
+#include "device.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -102,7 +104,40 @@ std::string fmt(const char* format, double v) {
   return buffer;
 }
 
+/// --device cuda needs a build with CUDA support and a usable device; throws saying which is missing.
+void require_cuda_device() {
+#ifdef COUPLEDQK_WITH_CUDA
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) throw std::runtime_error("--device cuda: no CUDA device is usable (" + why + ")");
+#else
+  throw invalid_argument(
+      "--device cuda: this build has no CUDA support (configure with -DCOUPLEDQK_CUDA=ON where nvcc is installed)");
+#endif
+}
+
+/// The device trainer of --device cuda (null for the CPU), holding the host model's parameters.
+std::unique_ptr<DeviceTrainer> make_device_trainer(const TrainOptions& o, Model& model) {
+  if (o.device != "cuda") return nullptr;
+  require_cuda_device();
+#ifdef COUPLEDQK_WITH_CUDA
+  auto dev = make_cuda_trainer(model.config(), o.precision);
+  dev->from_host(model, nullptr);
+  return dev;
+#else
+  (void)model;
+  return nullptr;  // not reached: require_cuda_device() threw
+#endif
+}
+
 }  // namespace
+
+bool cuda_support_compiled() {
+#ifdef COUPLEDQK_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
 
 // ---- options ---------------------------------------------------------------------------------------
 
@@ -168,6 +203,11 @@ void validate(const TrainOptions& o) {
   check(std::isfinite(o.dynamics_init_scale) && o.dynamics_init_scale >= 0,
         "--dynamics-init-scale must be finite and >= 0; got " + s(o.dynamics_init_scale));
   check(std::isfinite(o.init_time) && o.init_time > 0, "--init-time must be finite and > 0; got " + s(o.init_time));
+  check(o.device == "cpu" || o.device == "cuda", "--device '" + o.device + "' is not one of: cpu, cuda");
+  check(o.precision == "f32" || o.precision == "bf16",
+        "--precision '" + o.precision + "' is not one of: f32, bf16");
+  check(!(o.device == "cpu" && o.precision == "bf16"),
+        "--precision bf16 needs --device cuda (the CPU path computes in float32 only)");
   check(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH (the checkpoint to continue)");
   check(o.checkpoint_every == 0 || !o.checkpoint.empty(), "--checkpoint-every needs --checkpoint PATH");
   if (o.warmup >= 0 && o.budget_tokens >= 0 && o.batch > 0 && o.seq > 0) {
@@ -185,6 +225,7 @@ void preflight(const TrainOptions& o) {
   namespace fs = std::filesystem;
   validate(o);
   build_model(model_config(o), o.seed);  // unknown variant, step count, sizes the layer rejects
+  if (o.device == "cuda") require_cuda_device();
   if (!o.metrics.empty()) {
     const fs::path p(o.metrics);
     const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
@@ -285,6 +326,14 @@ TrainData prepare_data(const TrainOptions& o, Progress* progress) {
 
 Perplexity evaluate_stream(const Model& model, Tape<float>& tape, const std::vector<std::int32_t>& stream,
                            Index seq, Index batch, Index max_tokens) {
+  const BatchLoss loss = [&](TokenSpan tokens, TokenSpan targets, Index nb) {
+    return model.evaluate(tape, tokens, targets, nb);
+  };
+  return evaluate_stream(loss, stream, seq, batch, max_tokens);
+}
+
+Perplexity evaluate_stream(const BatchLoss& loss, const std::vector<std::int32_t>& stream, Index seq, Index batch,
+                           Index max_tokens) {
   const Index N = static_cast<Index>(stream.size());
   require(N >= 2, "evaluate: the stream holds ", N, " token(s); at least 2 are needed (one to predict)");
   require(seq > 0 && batch > 0, "evaluate: seq and batch must be positive; got ", seq, ", ", batch);
@@ -302,7 +351,7 @@ Perplexity evaluate_stream(const Model& model, Tape<float>& tape, const std::vec
       std::copy(stream.begin() + s, stream.begin() + s + W, tokens.begin() + b * W);
       std::copy(stream.begin() + s + 1, stream.begin() + s + 1 + W, targets.begin() + b * W);
     }
-    total += static_cast<double>(model.evaluate(tape, tokens, targets, nb)) * static_cast<double>(nb * W);
+    total += static_cast<double>(loss(tokens, targets, nb)) * static_cast<double>(nb * W);
   }
   Perplexity p;
   p.tokens = count * W;
@@ -351,11 +400,30 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   auto model = build_model(model_config(o), o.seed);
   r.config = model->config();
   r.params = model->parameter_report();
+  r.device = o.device;
+  r.precision = o.precision;
+  r.device_name = "cpu";
+  // --device cuda: the model (and, below, the optimiser) on the GPU; the host model and optimiser
+  // stay the checkpoint format (initialised and restored here, refreshed from the device to save).
+  std::unique_ptr<DeviceTrainer> dev = make_device_trainer(o, *model);
+  if (dev) {
+    r.device_name = dev->description();
+    progress.message("device: " + r.device_name);
+  }
 
   // Resume: read the checkpoint (preflight checked it is readable and that its model matches).
   std::unique_ptr<Checkpoint> ckpt;
   if (o.resume) ckpt = std::make_unique<Checkpoint>(read_checkpoint(o.checkpoint));
   Tape<float> tape;
+  // One training step's forward + backward (gradients zeroed first), and one batch's evaluation.
+  auto step_loss = [&](const std::vector<std::int32_t>& tk, const std::vector<std::int32_t>& tg) -> float {
+    if (dev) return dev->step_loss(tk, tg, B);
+    model->zero_grad();
+    return model->loss(tape, tk, tg, B);
+  };
+  const BatchLoss eval_loss = [&](TokenSpan tk, TokenSpan tg, Index nb) -> float {
+    return dev ? dev->evaluate(tk, tg, nb) : model->evaluate(tape, tk, tg, nb);
+  };
 
   // The length of the run.
   Index total_steps = 0;
@@ -371,8 +439,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     for (int i = 0; i < 3; ++i) {
       sample_batch(data.streams.train, B, T, probe, tk, tg);
       const double t0 = now_seconds();
-      model->zero_grad();
-      model->loss(tape, tk, tg, B);
+      step_loss(tk, tg);
       if (i > 0) step_time += (now_seconds() - t0) / 2;
     }
     model->zero_grad();
@@ -407,7 +474,11 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     restore_optimizer(*ckpt, opt);
     state = ckpt->info.state;
     sampler.set_state(state.sampler);
-    if (ckpt->info.threads != r.threads)
+    if (ckpt->info.device != o.device || ckpt->info.precision != o.precision)
+      progress.message("note: the checkpoint was written on " + ckpt->info.device + " (" + ckpt->info.precision +
+                       "), this session runs on " + o.device + " (" + o.precision +
+                       "); the continuation is correct but not bit-identical");
+    else if (!dev && ckpt->info.threads != r.threads)
       progress.message("note: the checkpoint was written with " + std::to_string(ckpt->info.threads) +
                        " thread(s), this session uses " + std::to_string(r.threads) +
                        "; the continuation is exact only with the same thread count");
@@ -415,6 +486,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
                      std::to_string(total_steps));
     ckpt.reset();
   }
+  if (dev) dev->from_host(*model, &opt);  // parameters (restored or initial) and the optimiser state
   r.start_step = state.step;
   r.curve = state.curve;
 
@@ -423,6 +495,8 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   info.threads = r.threads;
   info.budget_tokens = o.budget_seconds > 0 ? 0 : effective_budget_tokens(o);
   info.budget_seconds = o.budget_seconds;
+  info.device = o.device;
+  info.precision = o.precision;
   const double elapsed_before = state.elapsed;
   auto save = [&]() {
     if (o.checkpoint.empty()) return;
@@ -430,6 +504,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     state.elapsed = elapsed_before + (now_seconds() - session_start);
     state.curve = r.curve;
     info.state = state;
+    if (dev) dev->to_host(*model, opt);  // the checkpoint holds the host model and optimiser
     write_checkpoint(o.checkpoint, *model, opt, data.tokenizer_bytes, info);
   };
 
@@ -443,12 +518,11 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   while (state.step < total_steps) {
     const double t0 = now_seconds();
     sample_batch(data.streams.train, B, T, sampler, tokens, targets);
-    model->zero_grad();
-    const float loss = model->loss(tape, tokens, targets, B);
+    const float loss = step_loss(tokens, targets);
     if (!std::isfinite(loss))
       throw std::runtime_error("training diverged at step " + std::to_string(state.step + 1) + ": the loss is " +
                                fmt("%g", loss) + "; lower --lr (now " + fmt("%g", o.lr) + ") or keep --clip");
-    const StepReport rep = opt.step();
+    const StepReport rep = dev ? dev->optimizer_step() : opt.step();
     train_time += now_seconds() - t0;
     ++state.step;
     state.tokens_seen = state.step * B * T;
@@ -469,7 +543,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     metrics.step(m);
 
     if (o.eval_every > 0 && state.step % o.eval_every == 0 && state.step < total_steps) {
-      const Perplexity p = evaluate_stream(*model, tape, data.streams.valid, T, B, o.eval_tokens);
+      const Perplexity p = evaluate_stream(eval_loss, data.streams.valid, T, B, o.eval_tokens);
       r.curve.push_back(CurvePoint{state.step, state.tokens_seen, p.loss, p.ppl});
       const EvalMetrics e{state.step, state.tokens_seen, "valid", p.tokens, p.loss, p.ppl,
                           elapsed_before + (now_seconds() - session_start)};
@@ -509,8 +583,8 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   }
 
   if (!r.stopped_early) {
-    const Perplexity v = evaluate_stream(*model, tape, data.streams.valid, T, B, 0);
-    const Perplexity t = evaluate_stream(*model, tape, data.streams.test, T, B, 0);
+    const Perplexity v = evaluate_stream(eval_loss, data.streams.valid, T, B, 0);
+    const Perplexity t = evaluate_stream(eval_loss, data.streams.test, T, B, 0);
     r.valid_loss = v.loss;
     r.valid_ppl = v.ppl;
     r.test_loss = t.loss;
@@ -518,7 +592,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     // The curve's points are all measured on the same tokens (the --eval-tokens cap), so its last
     // point is too; the table's numbers above use the whole splits.
     const bool capped = o.eval_tokens > 0 && o.eval_tokens < v.tokens;
-    const Perplexity c = capped ? evaluate_stream(*model, tape, data.streams.valid, T, B, o.eval_tokens) : v;
+    const Perplexity c = capped ? evaluate_stream(eval_loss, data.streams.valid, T, B, o.eval_tokens) : v;
     if (!r.curve.empty() && r.curve.back().step == state.step) r.curve.pop_back();
     r.curve.push_back(CurvePoint{state.step, state.tokens_seen, c.loss, c.ppl});
     const double el = elapsed_before + (now_seconds() - session_start);
@@ -549,6 +623,8 @@ std::string summary_json(const TrainOptions& o, const TrainResult& r) {
   j["dynamics_parameters"] = r.params.dynamics;
   j["dynamics_percent"] = r.params.dynamics_percent;
   j["threads"] = r.threads;
+  j["device"] = r.device;
+  j["precision"] = r.precision;
   j["steps_done"] = r.steps_done;
   j["total_steps"] = r.total_steps;
   j["tokens"] = r.tokens_seen;
@@ -599,6 +675,10 @@ std::vector<FlagSpec> train_flags(TrainOptions& o, bool run_flags) {
   f.push_back({"--threads", "threads for Eigen's GEMMs and OpenMP loops; 0: the cores idle at start (all of them on an "
                             "idle machine, 1 when other processes are busy; a resumed run: the checkpoint's count). "
                             "Results are bit-identical only for the same count", &o.threads});
+  f.push_back({"--device", "where the model trains: cpu, or cuda (a build with CUDA support and a GPU); checkpoints "
+                           "move freely between the two", &o.device});
+  f.push_back({"--precision", "activation storage on the device: f32, or bf16 (cuda only; float32 masters, "
+                              "gradients and optimiser state)", &o.precision});
   f.push_back({"--eval-every", "steps between validation evaluations (0: only at the end)", &o.eval_every});
   f.push_back({"--eval-tokens", "validation tokens scored by periodic evaluations (0: all; the final one uses all)",
                &o.eval_tokens});

@@ -9,9 +9,12 @@
 // (a dedicated coupledqk::Rng whose state is checkpointed), runs model.loss (forward + backward)
 // and one AdamW update. Same seed, data, thread count and binary: bit-identical losses. A run
 // stopped and resumed from its checkpoint ends with exactly the parameters of an uninterrupted run.
+// With device = "cuda" the same loop runs the model and the optimiser on the GPU (device.hpp); the
+// checkpoints stay the CPU model's and optimiser's, so runs move freely between the devices.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -62,6 +65,9 @@ struct TrainOptions {
   double clip = 1.0;              ///< global gradient-norm clipping; 0 disables it
   std::uint64_t seed = 1;         ///< model initialisation and batch sampling
   int threads = Defaults::threads; ///< Eigen/OpenMP threads; 0: idle_cores() (or the checkpoint's on resume)
+  // ---- device
+  std::string device = "cpu";     ///< "cpu" or "cuda" (a build with COUPLEDQK_CUDA and a usable GPU)
+  std::string precision = "f32";  ///< activation storage on the device: "f32" or "bf16" (cuda only)
   // ---- evaluation
   Index eval_every = Defaults::eval_every;    ///< steps between validation evaluations; 0: only at the end
   Index eval_tokens = Defaults::eval_tokens;  ///< cap of validation tokens for periodic evaluations; 0: all
@@ -81,10 +87,11 @@ Index effective_budget_tokens(const TrainOptions& o);
 /// budgets, flag combinations) and, through make_gpt, an unknown variant or step count.
 void validate(const TrainOptions& o);
 
-/// The checks that need neither data nor training: validate(o), the model can be built, and the
-/// checkpoint rules (--checkpoint naming an existing file needs --resume; --resume needs an
-/// existing, readable coupledqk checkpoint whose model matches the flags). Run it before the
-/// (slow) data preparation so that bad input fails fast. Never writes anything.
+/// The checks that need neither data nor training: validate(o), the model can be built, the device
+/// (--device cuda: this build has CUDA support and a CUDA device is usable), and the checkpoint
+/// rules (--checkpoint naming an existing file needs --resume; --resume needs an existing,
+/// readable coupledqk checkpoint whose model matches the flags). Run it before the (slow) data
+/// preparation so that bad input fails fast. Never writes anything.
 void preflight(const TrainOptions& o);
 
 /// The model's configuration for these options (context = seq).
@@ -120,11 +127,21 @@ struct Perplexity {
 };
 Perplexity evaluate_stream(const Model& model, Tape<float>& tape, const std::vector<std::int32_t>& stream,
                            Index seq, Index batch, Index max_tokens = 0);
+/// The same with any evaluator: loss(tokens, targets, batch) -> mean loss of the batch (e.g. a device's).
+using BatchLoss = std::function<float(TokenSpan tokens, TokenSpan targets, Index batch)>;
+Perplexity evaluate_stream(const BatchLoss& loss, const std::vector<std::int32_t>& stream, Index seq, Index batch,
+                           Index max_tokens = 0);
+
+/// Whether this build can train on CUDA (--device cuda), i.e. it was configured with COUPLEDQK_CUDA.
+bool cuda_support_compiled();
 
 struct TrainResult {
   GptConfig config;
   ParameterReport params;
   int threads = 0;
+  std::string device = "cpu";        ///< TrainOptions::device
+  std::string precision = "f32";     ///< TrainOptions::precision
+  std::string device_name;           ///< e.g. "cpu" or "cuda:0 NVIDIA H100 ... , bf16 activations ..."
   Index start_step = 0;              ///< steps already done when this session started (resume)
   Index steps_done = 0, total_steps = 0;
   Index tokens_seen = 0;

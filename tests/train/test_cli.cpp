@@ -1,5 +1,8 @@
 // The command-line tools end to end, through their binaries: coupledqk-train (train, refuse to
-// overwrite, resume, bad flags, generate) and coupledqk-compare, on a tiny generated corpus.
+// overwrite, resume, bad flags, generate, --device/--precision) and coupledqk-compare, on a tiny
+// generated corpus. The --device cuda case runs everywhere: without CUDA support or without a GPU
+// it checks the refusal (message, nothing written); on a GPU machine it trains there and moves the
+// checkpoints between the devices.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -170,4 +173,72 @@ TEST_CASE("coupledqk-train: SIGINT stops after the current step with a checkpoin
   const Checkpoint c = read_checkpoint(ckpt);
   CHECK(c.info.state.step > 0);
   CHECK(c.info.state.step < c.info.run.total_steps);
+}
+
+TEST_CASE("coupledqk-train: --device and --precision; without CUDA (support or device) a clear error, nothing written") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const std::string ckpt = dir / "dev.safetensors", metrics = dir / "dev.jsonl", cache = dir / "fresh-cache";
+
+  // --precision is the GPU's: with the CPU, bf16 is refused (before anything is read or written)
+  Ran r = run_tool(dir, COUPLEDQK_TRAIN_BIN, tiny_flags(d) + " --precision bf16 --checkpoint '" + ckpt + "'");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "coupledqk-train: error: --precision bf16 needs --device cuda"));
+  CHECK(!fs::exists(ckpt));
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, tiny_flags(d) + " --device tpu");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "--device 'tpu' is not one of: cpu, cuda"));
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, tiny_flags(d) + " --device cuda --precision fp8");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "--precision 'fp8' is not one of: f32, bf16"));
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, "--help");
+  CHECK(contains(r.out, "--device"));
+  CHECK(contains(r.out, "--precision"));
+
+  // --device cuda, with a cache folder that does not exist yet: it must still not exist after a refusal
+  const std::string flags = "--corpus '" + d.corpus + "' --cache '" + cache +
+                            "' --vocab 400 --dim 32 --layers 2 --heads 4 --seq 32 --batch 4 --tokens 2048 --lr 0.003 "
+                            "--eval-every 8 --eval-tokens 256 --threads 1 --progress lines --attention leapfrog "
+                            "--checkpoint '" + ckpt + "' --metrics '" + metrics + "'";
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " --device cuda --stop-after-steps 5");
+  INFO(r.err);
+  if (!cuda_support_compiled()) {
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "coupledqk-train: error: --device cuda: this build has no CUDA support (configure with "
+                          "-DCOUPLEDQK_CUDA=ON where nvcc is installed)"));
+  } else if (r.status != 0) {
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "coupledqk-train: error: --device cuda: no CUDA device is usable ("));
+  }
+  if (r.status != 0) {
+    CHECK(!fs::exists(ckpt));
+    CHECK(!fs::exists(metrics));
+    CHECK(!fs::exists(cache));
+    return;
+  }
+
+  // A usable GPU (a CUDA build on a GPU machine): the run trained there; its checkpoint resumes on
+  // the CPU, and a CPU checkpoint resumes on the GPU in bf16.
+  CHECK(contains(r.out, "device           cuda:"));
+  REQUIRE(fs::exists(ckpt));
+  CHECK(read_checkpoint(ckpt).info.device == "cuda");
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " --device cpu --resume");
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.err, "note: the checkpoint was written on cuda (f32), this session runs on cpu (f32)"));
+  CHECK(contains(r.out, "valid perplexity"));
+  CHECK(read_checkpoint(ckpt).info.device == "cpu");
+
+  const std::string ckpt2 = dir / "cpu.safetensors";
+  const std::string flags2 = tiny_flags(d) + " --attention euler --checkpoint '" + ckpt2 + "'";
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags2 + " --stop-after-steps 5");
+  REQUIRE(r.status == 0);
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags2 + " --device cuda --precision bf16 --resume");
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.err, "this session runs on cuda (bf16)"));
+  CHECK(contains(r.out, "test perplexity"));
+  const Checkpoint c = read_checkpoint(ckpt2);
+  CHECK(c.info.device == "cuda");
+  CHECK(c.info.precision == "bf16");
+  CHECK(c.info.state.step == c.info.run.total_steps);
 }
