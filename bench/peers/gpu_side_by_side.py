@@ -97,11 +97,37 @@ def main():
     if st and sd:
         r = st[0] / sd["ms"]
         lines.append(f"- coupledqk standard / PyTorch SDPA layer: {r:.2f}x (target <= 1.5x: {'met' if r <= 1.5 else 'MISSED'})")
+    # GPT training step at the paper-like shape, against the same model in eager PyTorch (torch_gpt.py:
+    # "sdpa" = eager dynamics + PyTorch's fused attention; "reference" = the spec reference throughout).
     gpt = {k: b for k, b in ours.items() if k.startswith("cuda/gpt/")}
     if gpt:
-        lines += ["", "## GPT training step", "", "| case | ms | tokens/s | TFLOP/s | MFU |", "|---|---|---|---|---|"]
-        for k, b in sorted(gpt.items()):
-            lines.append(f"| {k} | {b['real_time']:.2f} | {b.get('tokens_per_s', 0):.3g} | {b.get('TFLOPS', 0):.1f} | {b.get('mfu', 0):.2f} |")
+        GV, GD, GL, GH, GT, GB = 8192, 512, 8, 8, 1024, 16
+        peer, gpt_cmds = {}, []
+        for dtype in ("bf16", "f32"):
+            for impl in ("sdpa", "reference"):
+                cmd = [sys.executable, os.path.join(HERE, "torch_gpt.py"), "--device", "cuda", "--dtype", dtype,
+                       "--attention-impl", impl, "--reps", "5", "--warmup", "2"]
+                for v in ("standard", "leapfrog"):
+                    cmd += ["--case", f"{v}:1:{GV}:{GD}:{GL}:{GH}:{GT}:{GB}"]
+                gpt_cmds.append(" ".join(cmd))
+                for line in run(cmd).stdout.splitlines():
+                    r = json.loads(line)
+                    if "ms" in r:
+                        peer[(r["variant"], dtype, impl)] = r["ms"]
+        lines += ["", f"## GPT training step (V={GV}, D={GD}, L={GL}, H={GH}, T={GT}, B={GB}; AdamW + clipping)", "",
+                  "| variant | precision | coupledqk ms | tokens/s | TFLOP/s | MFU | PyTorch (SDPA) ms | PyTorch (reference) ms | vs SDPA | vs reference |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for v in ("standard", "leapfrog"):
+            for dtype in ("bf16", "f32"):
+                b = gpt.get(f"cuda/gpt/{v}/1/{dtype}/V{GV}/D{GD}/L{GL}/H{GH}/T{GT}/B{GB}")
+                if not b:
+                    continue
+                ms = b["real_time"]
+                ps, pr = peer.get((v, dtype, "sdpa")), peer.get((v, dtype, "reference"))
+                lines.append(f"| {v} | {dtype} | {ms:.2f} | {b.get('tokens_per_s', 0):.3g} | {b.get('TFLOPS', 0):.1f} | "
+                             f"{b.get('mfu', 0):.2f} | {ps if ps is None else f'{ps:.2f}'} | {pr if pr is None else f'{pr:.2f}'} | "
+                             f"{'-' if ps is None else f'{ps / ms:.2f}x'} | {'-' if pr is None else f'{pr / ms:.2f}x'} |")
+        lines += ["", "PyTorch commands: " + "; ".join(f"`{c}`" for c in gpt_cmds)]
     if args.tests_log and os.path.exists(args.tests_log):
         with open(args.tests_log) as f:
             tail = [l.rstrip() for l in f if "tests passed" in l or "Test #" in l]

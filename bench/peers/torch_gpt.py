@@ -10,11 +10,18 @@ gradient norm to 1.0, and one torch.optim.AdamW update (betas 0.9/0.95, eps 1e-8
 on matrices and embeddings only). float32 on the CPU, torch.set_num_threads(threads).
 
     torch_gpt.py --threads 2 --case leapfrog:1:4096:128:2:4:128:16 [--case ...] [--reps 3]
+    torch_gpt.py --device cuda --dtype bf16 --attention-impl sdpa --case standard:1:8192:512:8:8:1024:16
+
+On the GPU (--device cuda): --dtype bf16 runs the step under torch.autocast(bfloat16) with float32
+master weights (as coupledqk's bf16 mode), and --attention-impl sdpa replaces the reference's
+T x T softmax by torch.nn.functional.scaled_dot_product_attention (the dynamics stay the eager spec
+code; Differential variants always use the reference).
 
 A case is variant:steps:V:D:L:H:T:B (head size D/H, dynamics width m = D/H). Prints one JSON object
 per case: the median milliseconds of a step over the repetitions, after warm-up steps.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -73,6 +80,8 @@ class Gpt(torch.nn.Module):
         self.lnf_g, self.lnf_b = const(D, value=1), const(D, value=0)
         self.meta = {"attention": variant, "steps": str(steps), "heads": str(H), "m": str(d)}
 
+    attention = staticmethod(reference.forward)
+
     def loss(self, tokens, targets):
         B, T = tokens.shape
         D = self.D
@@ -81,7 +90,7 @@ class Gpt(torch.nn.Module):
             tensors = {"x": F.layer_norm(x, (D,), b.ln1_g, b.ln1_b, 1e-5)}
             for name in b.names:
                 tensors[name] = b.attn[name.replace(".", "_")]
-            x = x + reference.forward(tensors, dict(self.meta, layer_index=str(l)))
+            x = x + self.attention(tensors, dict(self.meta, layer_index=str(l)))
             m = F.layer_norm(x, (D,), b.ln2_g, b.ln2_b, 1e-5)
             m = F.gelu(m @ b.fc_w + b.fc_b, approximate="tanh")
             x = x + (m @ b.proj_w + b.proj_b)
@@ -103,20 +112,36 @@ def main():
     ap.add_argument("--case", action="append", required=True, help="variant:steps:V:D:L:H:T:B")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per case (median reported)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="bf16: autocast (GPU only)")
+    ap.add_argument("--attention-impl", choices=["reference", "sdpa"], default="reference")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(json.dumps({"skipped": "no CUDA device visible to PyTorch"}))
+        return
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32, as in coupledqk
+    if args.dtype == "bf16" and args.device != "cuda":
+        sys.exit("torch_gpt.py: --dtype bf16 needs --device cuda")
     for case in args.case:
         variant, steps, V, D, L, H, T, B = case.split(":")
         steps, V, D, L, H, T, B = (int(v) for v in (steps, V, D, L, H, T, B))
         generator = torch.Generator().manual_seed(0)
-        model = Gpt(variant, steps, V, D, L, H, T, generator)
+        model = Gpt(variant, steps, V, D, L, H, T, generator).to(args.device)
+        if args.attention_impl == "sdpa" and not variant.startswith("diff"):
+            from torch_cuda import sdpa_forward  # projections + eager dynamics + fused causal attention
+            model.attention = sdpa_forward
         opt = optimiser(model)
-        tokens = torch.randint(0, V, (B, T), generator=generator)
-        targets = torch.randint(0, V, (B, T), generator=generator)
+        tokens = torch.randint(0, V, (B, T), generator=generator).to(args.device)
+        targets = torch.randint(0, V, (B, T), generator=generator).to(args.device)
+        autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if args.dtype == "bf16"
+                    else contextlib.nullcontext())
 
         def step():
             opt.zero_grad(set_to_none=True)
-            loss = model.loss(tokens, targets)
+            with autocast:
+                loss = model.loss(tokens, targets)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -132,6 +157,7 @@ def main():
         ms = statistics.median(times)
         print(json.dumps({"variant": variant, "steps": steps, "V": V, "D": D, "L": L, "H": H, "T": T, "B": B,
                           "ms": ms, "tokens_per_s": B * T / (ms / 1e3), "threads": args.threads,
+                          "device": args.device, "dtype": args.dtype, "attention_impl": args.attention_impl,
                           "params": sum(p.numel() for p in model.parameters()), "torch": torch.__version__}),
               flush=True)
 
