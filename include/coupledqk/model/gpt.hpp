@@ -110,6 +110,23 @@ struct TokenSpan {
   TokenSpan(const std::vector<std::int32_t>& v) : data(v.data()), size(static_cast<Index>(v.size())) {}
 };
 
+/// Checks a run of token ids for a batch of B = batch sequences of a model with this config and
+/// returns T: B*T ids, T <= context, every id in [0, vocab). `what` names the run in messages.
+/// (The CPU and the CUDA models share it, so their messages are the same.)
+inline Index check_tokens(const GptConfig& config, TokenSpan ids, Index batch, const char* what) {
+  require(batch > 0, "gpt: batch (B) must be positive; got ", batch);
+  require(ids.size > 0 && ids.data != nullptr, "gpt: no ", what, "; expected B*T > 0 ids");
+  require(ids.size % batch == 0, "gpt: ", ids.size, " ", what, " is not a multiple of batch B = ", batch,
+          " (expected B*T ids, rows ordered (b, t))");
+  const Index T = ids.size / batch;
+  require(T <= config.context, "gpt: sequence length T = ", T, " (", ids.size, " ", what, " / B = ", batch,
+          ") exceeds the context of ", config.context);
+  for (Index i = 0; i < ids.size; ++i)
+    require(ids.data[i] >= 0 && ids.data[i] < config.vocab, "gpt: ", what, " id ", ids.data[i], " at position ", i,
+            " is outside the vocabulary [0, ", config.vocab, ")");
+  return T;
+}
+
 /// The non-attention tensors of one block.
 template <class S>
 struct GptBlock {
@@ -289,17 +306,7 @@ class AnyGpt {
 
   /// Checks a run of ids for a batch of B = batch sequences and returns T. `what` names it.
   Index check_tokens(TokenSpan ids, Index batch, const char* what) const {
-    require(batch > 0, "gpt: batch (B) must be positive; got ", batch);
-    require(ids.size > 0 && ids.data != nullptr, "gpt: no ", what, "; expected B*T > 0 ids");
-    require(ids.size % batch == 0, "gpt: ", ids.size, " ", what, " is not a multiple of batch B = ", batch,
-            " (expected B*T ids, rows ordered (b, t))");
-    const Index T = ids.size / batch;
-    require(T <= config_.context, "gpt: sequence length T = ", T, " (", ids.size, " ", what, " / B = ", batch,
-            ") exceeds the context of ", config_.context);
-    for (Index i = 0; i < ids.size; ++i)
-      require(ids.data[i] >= 0 && ids.data[i] < config_.vocab, "gpt: ", what, " id ", ids.data[i],
-              " at position ", i, " is outside the vocabulary [0, ", config_.vocab, ")");
-    return T;
+    return coupledqk::check_tokens(config_, ids, batch, what);
   }
 
  protected:

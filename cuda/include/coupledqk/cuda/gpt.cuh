@@ -243,17 +243,7 @@ class AnyGpt {
   /// Checks a run of ids for a batch of B = batch sequences and returns T (the CPU model's checks
   /// and messages).
   Index check_tokens(TokenSpan ids, Index batch, const char* what) const {
-    require(batch > 0, "gpt: batch (B) must be positive; got ", batch);
-    require(ids.size > 0 && ids.data != nullptr, "gpt: no ", what, "; expected B*T > 0 ids");
-    require(ids.size % batch == 0, "gpt: ", ids.size, " ", what, " is not a multiple of batch B = ", batch,
-            " (expected B*T ids, rows ordered (b, t))");
-    const Index T = ids.size / batch;
-    require(T <= config_.context, "gpt: sequence length T = ", T, " (", ids.size, " ", what, " / B = ", batch,
-            ") exceeds the context of ", config_.context);
-    for (Index i = 0; i < ids.size; ++i)
-      require(ids.data[i] >= 0 && ids.data[i] < config_.vocab, "gpt: ", what, " id ", ids.data[i], " at position ", i,
-              " is outside the vocabulary [0, ", config_.vocab, ")");
-    return T;
+    return coupledqk::check_tokens(config_, ids, batch, what);
   }
 
  protected:
