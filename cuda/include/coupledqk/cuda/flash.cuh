@@ -94,6 +94,30 @@ __device__ __forceinline__ float sum32(float x) {
   return x;
 }
 
+/// acc[i][j] = sum_c A[(ty + 16 i) * LDA + c] * B[(tx + 16 j) * LDB + c], c < K: this thread's
+/// register micro-tile of A B^T for two row-major tiles in shared memory (rows ty + 16 i of A,
+/// rows tx + 16 j of B), float accumulation.
+template <int MI, int NJ, int K, int LDA, int LDB>
+__device__ __forceinline__ void tile_product_nt(float (&acc)[MI][NJ], const float* __restrict__ A,
+                                                const float* __restrict__ B, int ty, int tx) {
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) acc[i][j] = 0.0f;
+#pragma unroll 8
+  for (int c = 0; c < K; ++c) {
+    float a[MI], b[NJ];
+#pragma unroll
+    for (int i = 0; i < MI; ++i) a[i] = A[(ty + kSide * i) * LDA + c];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) b[j] = B[(tx + kSide * j) * LDB + c];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+  }
+}
+
 // Rows of a tile of `tile` rows that lie before the end of the sequence (`left` rows remain).
 __device__ __forceinline__ int tile_rows(int tile, Index left) {
   return left < Index(tile) ? static_cast<int>(left) : tile;
@@ -227,22 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs<E> a
 
     // S = Q K^T (this thread: rows ty + 16 i, columns tx + 16 j)
     float s[MI][NJ];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) s[i][j] = 0.0f;
-#pragma unroll 8
-    for (int c = 0; c < DQK; ++c) {
-      float qa[MI], kb[NJ];
-#pragma unroll
-      for (int i = 0; i < MI; ++i) qa[i] = Qs[(ty + kSide * i) * LDQ + c];
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) kb[j] = Ks[(tx + kSide * j) * LDQ + c];
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) s[i][j] = fmaf(qa[i], kb[j], s[i][j]);
-    }
+    tile_product_nt<MI, NJ, DQK, LDQ, LDQ>(s, Qs, Ks, ty, tx);
 
     // online softmax, row by row
 #pragma unroll
@@ -384,34 +393,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const BwdArgs<E> a) {
 
     // S^T = K Q^T and dP^T = V dO^T (this thread: key rows ty + 16 i, query columns tx + 16 j)
     float st[MI][NJ], dpt[MI][NJ];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) st[i][j] = dpt[i][j] = 0.0f;
-#pragma unroll 8
-    for (int c = 0; c < DQK; ++c) {
-      float ka[MI], qb[NJ];
-#pragma unroll
-      for (int i = 0; i < MI; ++i) ka[i] = Ks[(ty + kSide * i) * LDK + c];
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) qb[j] = Qs[(tx + kSide * j) * LDK + c];
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) st[i][j] = fmaf(ka[i], qb[j], st[i][j]);
-    }
-#pragma unroll 8
-    for (int c = 0; c < DV; ++c) {
-      float va[MI], ob[NJ];
-#pragma unroll
-      for (int i = 0; i < MI; ++i) va[i] = Vs[(ty + kSide * i) * LDV + c];
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) ob[j] = dOs[(tx + kSide * j) * LDV + c];
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) dpt[i][j] = fmaf(va[i], ob[j], dpt[i][j]);
-    }
+    tile_product_nt<MI, NJ, DQK, LDK, LDK>(st, Ks, Qs, ty, tx);
+    tile_product_nt<MI, NJ, DV, LDV, LDV>(dpt, Vs, dOs, ty, tx);
 
     // P^T = exp(scale S^T - lse), dS^T = P^T * (dP^T - D), masked
 #pragma unroll
@@ -520,34 +503,8 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const BwdArgs<E> a) {
 
     // S = Q K^T and dP = dO V^T (this thread: query rows ty + 16 i, key columns tx + 16 j)
     float s[MI][NJ], dp[MI][NJ];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) s[i][j] = dp[i][j] = 0.0f;
-#pragma unroll 8
-    for (int c = 0; c < DQK; ++c) {
-      float qa[MI], kb[NJ];
-#pragma unroll
-      for (int i = 0; i < MI; ++i) qa[i] = Qs[(ty + kSide * i) * LDK + c];
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) kb[j] = Ks[(tx + kSide * j) * LDK + c];
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) s[i][j] = fmaf(qa[i], kb[j], s[i][j]);
-    }
-#pragma unroll 8
-    for (int c = 0; c < DV; ++c) {
-      float oa[MI], vb[NJ];
-#pragma unroll
-      for (int i = 0; i < MI; ++i) oa[i] = dOs[(ty + kSide * i) * LDV + c];
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) vb[j] = Vs[(tx + kSide * j) * LDV + c];
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) dp[i][j] = fmaf(oa[i], vb[j], dp[i][j]);
-    }
+    tile_product_nt<MI, NJ, DQK, LDK, LDK>(s, Qs, Ks, ty, tx);
+    tile_product_nt<MI, NJ, DV, LDV, LDV>(dp, dOs, Vs, ty, tx);
 
 #pragma unroll
     for (int i = 0; i < MI; ++i) {
