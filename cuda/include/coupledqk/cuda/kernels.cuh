@@ -335,51 +335,38 @@ __global__ void cross_entropy_kernel(float* logits, const std::int32_t* __restri
 constexpr int reduce_threads = 256;
 
 /// *out = sum of v[0..n) in double (one block; fixed order).
-template <int = 0>
-__global__ void sum_double_kernel(const float* __restrict__ v, Index n, double* __restrict__ out) {
+/// The sum of every thread's `acc` over a block of reduce_threads threads, in a fixed order
+/// (a shared-memory tree); the result is valid in thread 0.
+__device__ __forceinline__ double block_sum(double acc) {
   __shared__ double s[reduce_threads];
-  double acc = 0;
-  for (Index i = threadIdx.x; i < n; i += blockDim.x) acc += static_cast<double>(v[i]);
   s[threadIdx.x] = acc;
   __syncthreads();
   for (int k = reduce_threads / 2; k > 0; k >>= 1) {
     if (int(threadIdx.x) < k) s[threadIdx.x] += s[threadIdx.x + k];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *out = s[0];
+  return s[0];
+}
+
+/// *out = sum of v[0..n) in double (one block, fixed order); v is float or double.
+template <class In>
+__global__ void sum_to_double_kernel(const In* __restrict__ v, Index n, double* __restrict__ out) {
+  double acc = 0;
+  for (Index i = threadIdx.x; i < n; i += blockDim.x) acc += static_cast<double>(v[i]);
+  const double total = block_sum(acc);
+  if (threadIdx.x == 0) *out = total;
 }
 
 /// partials[block] = sum of g^2 (in double) over the block's grid-stride share.
 template <int = 0>
 __global__ void sum_squares_partials_kernel(const float* __restrict__ g, Index n, double* __restrict__ partials) {
-  __shared__ double s[reduce_threads];
   double acc = 0;
   for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < n; i += Index(gridDim.x) * blockDim.x) {
     const double x = static_cast<double>(g[i]);
     acc += x * x;
   }
-  s[threadIdx.x] = acc;
-  __syncthreads();
-  for (int k = reduce_threads / 2; k > 0; k >>= 1) {
-    if (int(threadIdx.x) < k) s[threadIdx.x] += s[threadIdx.x + k];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = s[0];
-}
-
-/// *out = sum of partials[0..n) (one block, fixed order).
-template <int = 0>
-__global__ void sum_partials_double_kernel(const double* __restrict__ partials, Index n, double* __restrict__ out) {
-  __shared__ double s[reduce_threads];
-  double acc = 0;
-  for (Index i = threadIdx.x; i < n; i += blockDim.x) acc += partials[i];
-  s[threadIdx.x] = acc;
-  __syncthreads();
-  for (int k = reduce_threads / 2; k > 0; k >>= 1) {
-    if (int(threadIdx.x) < k) s[threadIdx.x] += s[threadIdx.x + k];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = s[0];
+  const double total = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 }  // namespace detail
@@ -509,7 +496,7 @@ inline void cross_entropy(float* logits, const std::int32_t* targets, float* row
                                                                                        grad_scale, write_grad);
   COUPLEDQK_CUDA_CHECK_LAUNCH();
   if (loss_sum) {
-    detail::sum_double_kernel<><<<1, detail::reduce_threads, 0, s>>>(row_loss, N, loss_sum);
+    detail::sum_to_double_kernel<float><<<1, detail::reduce_threads, 0, s>>>(row_loss, N, loss_sum);
     COUPLEDQK_CUDA_CHECK_LAUNCH();
   }
 }
@@ -518,7 +505,7 @@ inline void cross_entropy(float* logits, const std::int32_t* targets, float* row
 inline void sum_squares(const float* g, Index n, double* partials, double* out, cudaStream_t s) {
   detail::sum_squares_partials_kernel<><<<norm_blocks, detail::reduce_threads, 0, s>>>(g, n, partials);
   COUPLEDQK_CUDA_CHECK_LAUNCH();
-  detail::sum_partials_double_kernel<><<<1, detail::reduce_threads, 0, s>>>(partials, norm_blocks, out);
+  detail::sum_to_double_kernel<double><<<1, detail::reduce_threads, 0, s>>>(partials, norm_blocks, out);
   COUPLEDQK_CUDA_CHECK_LAUNCH();
 }
 
