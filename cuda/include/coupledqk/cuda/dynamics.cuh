@@ -651,7 +651,7 @@ template <Kind K, class T>
 __global__ void __launch_bounds__(kThreads, 2) dynamics_forward_kernel(const ForwardArgs<T> a) {
   constexpr bool tied = K != Kind::uncoupled;
   constexpr int group = K == Kind::splitting ? 1 : 2;
-  extern __shared__ float4 dynamics_smem[];
+  COUPLEDQK_DYNAMIC_SHARED(16, float4, dynamics_smem);
   float* const sm = reinterpret_cast<float*>(dynamics_smem);
   const int rows = a.L.rows, dp = a.L.dp, rp = a.L.rp, ldp = a.L.ldp;
   float* const q = sm + a.L.q;
@@ -704,7 +704,7 @@ template <Kind K, class T>
 __global__ void __launch_bounds__(kThreads, 1) dynamics_backward_kernel(const BackwardArgs<T> a) {
   constexpr bool tied = K != Kind::uncoupled;
   constexpr int group = K == Kind::splitting ? 1 : 2;
-  extern __shared__ float4 dynamics_smem[];
+  COUPLEDQK_DYNAMIC_SHARED(16, float4, dynamics_smem);
   float* const sm = reinterpret_cast<float*>(dynamics_smem);
   const int rows = a.L.rows, dp = a.L.dp, rp = a.L.rp, ldp = a.L.ldp, d = a.L.d;
   const int state = rows * dp;
@@ -1057,8 +1057,7 @@ void launch_forward(const DynamicsDims& dims, const OpList& ops, const float* pa
   const LaunchPlan p = plan_launch<K, T>(dims, ops.count, false);
   ForwardArgs<T> a{p.layout, ops, param_offsets(K, dims.head_dim, dims.hidden), dims.pairs, dims.heads,
                    params, rho, q_in, k_in, q_out, k_out};
-  dynamics_forward_kernel<K, T><<<p.blocks, kThreads, p.shared_bytes, stream>>>(a);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(dynamics_forward_kernel<K, T>, p.blocks, kThreads, p.shared_bytes, stream, a);
 }
 
 template <Kind K, class T>
@@ -1069,8 +1068,7 @@ void launch_backward(const DynamicsDims& dims, const OpList& ops, const float* p
   const Scratch scratch(p.scratch_bytes, stream, p.memory_pools);
   BackwardArgs<T> a{p.layout, ops,     param_offsets(K, dims.head_dim, dims.hidden), dims.pairs, dims.heads,
                     params,   rho,     q_in,  k_in,  dq,  dk,  dparams, drho, scratch.get()};
-  dynamics_backward_kernel<K, T><<<p.blocks, kThreads, p.shared_bytes, stream>>>(a);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(dynamics_backward_kernel<K, T>, p.blocks, kThreads, p.shared_bytes, stream, a);
 }
 
 }  // namespace dynamics_detail

@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs<E> a
   using C = FwdConfig<DQK, DV>;
   constexpr int BQ = C::BQ, BK = C::BK, LDQ = C::LDQ, LDV = C::LDV, LDP = C::LDP;
   constexpr int MI = BQ / kSide, NJ = BK / kSide, NC = DV / kSide;
-  extern __shared__ float smem[];
+  COUPLEDQK_DYNAMIC_SHARED(16, float, smem);
   float* const Qs = smem;
   float* const Ks = Qs + BQ * LDQ;
   float* const Vs = Ks + BK * LDQ;
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const BwdArgs<E> a) {
   using C = DkdvConfig<DQK, DV>;
   constexpr int BM = C::BM, BN = C::BN, LDK = C::LDK, LDV = C::LDV, LDS = C::LDS;
   constexpr int MI = BM / kSide, NJ = BN / kSide, NK = DQK / kSide, NV = DV / kSide;
-  extern __shared__ float smem[];
+  COUPLEDQK_DYNAMIC_SHARED(16, float, smem);
   float* const Ks = smem;
   float* const Vs = Ks + BM * LDK;
   float* const Qs = Vs + BM * LDV;
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const BwdArgs<E> a) {
   using C = DqConfig<DQK, DV>;
   constexpr int BM = C::BM, BN = C::BN, LDK = C::LDK, LDV = C::LDV, LDS = C::LDS;
   constexpr int MI = BM / kSide, NJ = BN / kSide, NK = DQK / kSide;
-  extern __shared__ float smem[];
+  COUPLEDQK_DYNAMIC_SHARED(16, float, smem);
   float* const Qs = smem;
   float* const dOs = Qs + BM * LDK;
   float* const Ks = dOs + BM * LDV;
@@ -662,7 +662,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_forward_kernel(const FwdArgs
   using C = TcConfig<DQK, DV>;
   constexpr int BM = C::BM, BN = C::BN, LDK = C::LDK, LDV = C::LDV, LDP = C::LDP, LDF = C::LDF;
   constexpr int NS = BN / 2, NC = DV / 2;
-  extern __shared__ __align__(128) unsigned char tc_smem[];
+  COUPLEDQK_DYNAMIC_SHARED(128, unsigned char, tc_smem);
   SmemCarver carve{tc_smem};
   bf16* const Qs = carve.take<bf16>(BM * LDK);
   bf16* const Ks = carve.take<bf16>(BN * LDK);
@@ -768,7 +768,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dkdv_kernel(const BwdArgs<bf
   using C = TcConfig<DQK, DV>;
   constexpr int BM = C::BM, BN = C::BN, LDK = C::LDK, LDV = C::LDV, LDP = C::LDP, LDF = C::LDF;
   constexpr int NK = DQK / 16, NV = DV / 16;
-  extern __shared__ __align__(128) unsigned char tc_smem[];
+  COUPLEDQK_DYNAMIC_SHARED(128, unsigned char, tc_smem);
   SmemCarver carve{tc_smem};
   bf16* const Ks = carve.take<bf16>(BM * LDK);
   bf16* const Vs = carve.take<bf16>(BM * LDV);
@@ -878,7 +878,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dq_kernel(const BwdArgs<bf16
   using C = TcConfig<DQK, DV>;
   constexpr int BM = C::BM, BN = C::BN, LDK = C::LDK, LDV = C::LDV, LDP = C::LDP, LDF = C::LDF;
   constexpr int NK = DQK / 16;
-  extern __shared__ __align__(128) unsigned char tc_smem[];
+  COUPLEDQK_DYNAMIC_SHARED(128, unsigned char, tc_smem);
   SmemCarver carve{tc_smem};
   bf16* const Qs = carve.take<bf16>(BM * LDK);
   bf16* const dOs = carve.take<bf16>(BM * LDV);
@@ -1073,16 +1073,14 @@ void forward(const FlashLayout& l, const E* q, const E* k, const E* v, E* o, flo
       if (kernels != Kernels::fma && ready) {
         using C = TcConfig<DQK, DV>;
         set_smem(tc_forward_kernel<DQK, DV>, C::fwd_bytes);
-        tc_forward_kernel<DQK, DV><<<dim3(bh, tiles(l.seq, C::BM)), kTcThreads, C::fwd_bytes, stream>>>(a);
-        COUPLEDQK_CUDA_CHECK_LAUNCH();
+        launch(tc_forward_kernel<DQK, DV>, dim3(bh, tiles(l.seq, C::BM)), kTcThreads, C::fwd_bytes, stream, a);
         return;
       }
     }
     if (kernels == Kernels::tensor_cores) no_tensor_cores("flash_forward", l);
     using C = FwdConfig<DQK, DV>;
     set_smem(forward_kernel<E, DQK, DV>, C::smem_bytes);
-    forward_kernel<E, DQK, DV><<<dim3(bh, tiles(l.seq, C::BQ)), kThreads, C::smem_bytes, stream>>>(a);
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
+    launch(forward_kernel<E, DQK, DV>, dim3(bh, tiles(l.seq, C::BQ)), kThreads, C::smem_bytes, stream, a);
   });
 }
 
@@ -1103,9 +1101,7 @@ void backward(const FlashLayout& l, const E* q, const E* k, const E* v, const E*
 
   auto launch_delta = [&](auto round_do) {
     const unsigned dgrid = grid_for(n, kThreads / 32);
-    delta_kernel<E, decltype(round_do)::value><<<dgrid, kThreads, 0, stream>>>(
-        o, d_o, delta.data(), l.batch, l.seq, l.heads, static_cast<int>(l.dv), l.o_row, l.o_head);
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
+    launch(delta_kernel<E, decltype(round_do)::value>, dgrid, kThreads, 0, stream, o, d_o, delta.data(), l.batch, l.seq, l.heads, static_cast<int>(l.dv), l.o_row, l.o_head);
   };
 
   BwdArgs<E> a{};
@@ -1136,11 +1132,9 @@ void backward(const FlashLayout& l, const E* q, const E* k, const E* v, const E*
         launch_delta(std::true_type{});
         const dim3 grid(bh, tiles(l.seq, C::BM));
         set_smem(tc_dkdv_kernel<DQK, DV>, C::dkdv_bytes);
-        tc_dkdv_kernel<DQK, DV><<<grid, kTcThreads, C::dkdv_bytes, stream>>>(a);
-        COUPLEDQK_CUDA_CHECK_LAUNCH();
+        launch(tc_dkdv_kernel<DQK, DV>, grid, kTcThreads, C::dkdv_bytes, stream, a);
         set_smem(tc_dq_kernel<DQK, DV>, C::dq_bytes);
-        tc_dq_kernel<DQK, DV><<<grid, kTcThreads, C::dq_bytes, stream>>>(a);
-        COUPLEDQK_CUDA_CHECK_LAUNCH();
+        launch(tc_dq_kernel<DQK, DV>, grid, kTcThreads, C::dq_bytes, stream, a);
         return;
       }
     }
@@ -1149,14 +1143,12 @@ void backward(const FlashLayout& l, const E* q, const E* k, const E* v, const E*
     {
       using C = DkdvConfig<DQK, DV>;
       set_smem(dkdv_kernel<E, DQK, DV>, C::smem_bytes);
-      dkdv_kernel<E, DQK, DV><<<dim3(bh, tiles(l.seq, C::BM)), kThreads, C::smem_bytes, stream>>>(a);
-      COUPLEDQK_CUDA_CHECK_LAUNCH();
+      launch(dkdv_kernel<E, DQK, DV>, dim3(bh, tiles(l.seq, C::BM)), kThreads, C::smem_bytes, stream, a);
     }
     {
       using C = DqConfig<DQK, DV>;
       set_smem(dq_kernel<E, DQK, DV>, C::smem_bytes);
-      dq_kernel<E, DQK, DV><<<dim3(bh, tiles(l.seq, C::BM)), kThreads, C::smem_bytes, stream>>>(a);
-      COUPLEDQK_CUDA_CHECK_LAUNCH();
+      launch(dq_kernel<E, DQK, DV>, dim3(bh, tiles(l.seq, C::BM)), kThreads, C::smem_bytes, stream, a);
     }
   });
 }

@@ -379,8 +379,7 @@ template <class T>
 void embedding_forward(const std::int32_t* tokens, const float* wte, const float* wpe, T* x, Index N, Index seq,
                        Index D, cudaStream_t s) {
   if (N * D == 0) return;
-  detail::embedding_forward_kernel<T><<<detail::blocks_for(N * D), 256, 0, s>>>(tokens, wte, wpe, x, N, seq, D);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::embedding_forward_kernel<T>, detail::blocks_for(N * D), 256, 0, s, tokens, wte, wpe, x, N, seq, D);
 }
 
 /// dwte[tokens[r], :] += dx[r, :] (atomics: the order of the additions varies); dwpe[t, :] += the
@@ -389,10 +388,8 @@ inline void embedding_backward(const std::int32_t* tokens, const float* dx, floa
                                Index seq, Index D, cudaStream_t s) {
   const Index N = batch * seq;
   if (N * D == 0) return;
-  detail::embedding_backward_tokens_kernel<><<<detail::blocks_for(N * D), 256, 0, s>>>(tokens, dx, dwte, N, D);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
-  detail::embedding_backward_positions_kernel<><<<detail::blocks_for(seq * D), 256, 0, s>>>(dx, dwpe, batch, seq, D);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::embedding_backward_tokens_kernel<>, detail::blocks_for(N * D), 256, 0, s, tokens, dx, dwte, N, D);
+  launch(detail::embedding_backward_positions_kernel<>, detail::blocks_for(seq * D), 256, 0, s, dx, dwpe, batch, seq, D);
 }
 
 /// y = LayerNorm(x) g + b per row; mean, rstd: [N] written (may be null together).
@@ -400,9 +397,7 @@ template <class T>
 void layer_norm_forward(const T* x, const float* g, const float* b, T* y, float* mean, float* rstd, Index N, Index D,
                         cudaStream_t s, float eps = layer_norm_eps) {
   if (N == 0) return;
-  detail::layer_norm_forward_kernel<T>
-      <<<detail::row_blocks(N), detail::warp * detail::rows_per_block, 0, s>>>(x, g, b, y, mean, rstd, N, D, eps);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::layer_norm_forward_kernel<T>, detail::row_blocks(N), detail::warp * detail::rows_per_block, 0, s, x, g, b, y, mean, rstd, N, D, eps);
 }
 
 /// LayerNorm backward. dx [N, D]: written (=), or added to (+=) with accumulate; dg, db [D]: +=
@@ -411,25 +406,20 @@ template <class T>
 void layer_norm_backward(const T* x, const float* g, const float* mean, const float* rstd, const float* dy, float* dx,
                          bool accumulate, float* dg, float* db, float* partials, Index N, Index D, cudaStream_t s) {
   if (N == 0) return;
-  detail::layer_norm_backward_kernel<T><<<detail::row_blocks(N), detail::warp * detail::rows_per_block, 0, s>>>(
-      x, g, mean, rstd, dy, dx, accumulate, N, D);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::layer_norm_backward_kernel<T>, detail::row_blocks(N), detail::warp * detail::rows_per_block, 0, s, x, g, mean, rstd, dy, dx, accumulate, N, D);
   if (!dg && !db) return;
   const Index chunks = column_chunks(N);
   float* part_g = partials;
   float* part_b = partials + chunks * D;
   const dim3 grid(static_cast<unsigned>((D + detail::warp - 1) / detail::warp), static_cast<unsigned>(chunks));
   const dim3 block(detail::warp, detail::rows_per_block);
-  detail::layer_norm_param_partials_kernel<T><<<grid, block, 0, s>>>(x, mean, rstd, dy, part_g, part_b, N, D,
+  launch(detail::layer_norm_param_partials_kernel<T>, grid, block, 0, s, x, mean, rstd, dy, part_g, part_b, N, D,
                                                                       column_chunk_rows);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
   if (dg) {
-    detail::add_partials_kernel<><<<detail::blocks_for(D), 256, 0, s>>>(part_g, chunks, D, dg);
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
+    launch(detail::add_partials_kernel<>, detail::blocks_for(D), 256, 0, s, part_g, chunks, D, dg);
   }
   if (db) {
-    detail::add_partials_kernel<><<<detail::blocks_for(D), 256, 0, s>>>(part_b, chunks, D, db);
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
+    launch(detail::add_partials_kernel<>, detail::blocks_for(D), 256, 0, s, part_b, chunks, D, db);
   }
 }
 
@@ -439,50 +429,43 @@ inline void column_sums(const float* a, Index N, Index C, float* out, float* par
   const Index chunks = column_chunks(N);
   const dim3 grid(static_cast<unsigned>((C + detail::warp - 1) / detail::warp), static_cast<unsigned>(chunks));
   const dim3 block(detail::warp, detail::rows_per_block);
-  detail::column_sum_partials_kernel<><<<grid, block, 0, s>>>(a, partials, N, C, column_chunk_rows);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
-  detail::add_partials_kernel<><<<detail::blocks_for(C), 256, 0, s>>>(partials, chunks, C, out);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::column_sum_partials_kernel<>, grid, block, 0, s, a, partials, N, C, column_chunk_rows);
+  launch(detail::add_partials_kernel<>, detail::blocks_for(C), 256, 0, s, partials, chunks, C, out);
 }
 
 /// pre = in + bias (per column), out = gelu(pre); in: [N, C] float (a GEMM's output); pre, out: T.
 template <class T>
 void bias_gelu_forward(const float* in, const float* bias, T* pre, T* out, Index N, Index C, cudaStream_t s) {
   if (N * C == 0) return;
-  detail::bias_gelu_forward_kernel<T><<<detail::blocks_for(N * C), 256, 0, s>>>(in, bias, pre, out, N, C);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::bias_gelu_forward_kernel<T>, detail::blocks_for(N * C), 256, 0, s, in, bias, pre, out, N, C);
 }
 
 /// y = gelu(x) (tanh form), n elements.
 template <class T>
 void gelu_forward(const T* x, T* y, Index n, cudaStream_t s) {
   if (n == 0) return;
-  detail::gelu_forward_kernel<T><<<detail::blocks_for(n), 256, 0, s>>>(x, y, n);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::gelu_forward_kernel<T>, detail::blocks_for(n), 256, 0, s, x, y, n);
 }
 
 /// d <- d * gelu'(pre), in place; n elements.
 template <class T>
 void gelu_backward(const T* pre, float* d, Index n, cudaStream_t s) {
   if (n == 0) return;
-  detail::gelu_backward_kernel<T><<<detail::blocks_for(n), 256, 0, s>>>(pre, d, n);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::gelu_backward_kernel<T>, detail::blocks_for(n), 256, 0, s, pre, d, n);
 }
 
 /// out = resid + (y + bias) with y [N, C] float and bias [C] float (null: no bias); out may alias resid.
 template <class T>
 void bias_residual(const T* resid, const float* y, const float* bias, T* out, Index N, Index C, cudaStream_t s) {
   if (N * C == 0) return;
-  detail::bias_residual_kernel<T><<<detail::blocks_for(N * C), 256, 0, s>>>(resid, y, bias, out, N, C);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::bias_residual_kernel<T>, detail::blocks_for(N * C), 256, 0, s, resid, y, bias, out, N, C);
 }
 
 /// out = a + b (n elements); out may alias a or b.
 template <class T>
 void residual_add(const T* a, const T* b, T* out, Index n, cudaStream_t s) {
   if (n == 0) return;
-  detail::add_kernel<T><<<detail::blocks_for(n), 256, 0, s>>>(a, b, out, n);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::add_kernel<T>, detail::blocks_for(n), 256, 0, s, a, b, out, n);
 }
 
 /// Softmax cross-entropy per row of logits [N, V] (float, device) against targets (device ids in
@@ -492,21 +475,17 @@ void residual_add(const T* a, const T* b, T* out, Index n, cudaStream_t s) {
 inline void cross_entropy(float* logits, const std::int32_t* targets, float* row_loss, double* loss_sum, Index N,
                           Index V, bool write_grad, float grad_scale, cudaStream_t s) {
   if (N == 0) return;
-  detail::cross_entropy_kernel<><<<static_cast<unsigned>(N), detail::ce_threads, 0, s>>>(logits, targets, row_loss, N, V,
+  launch(detail::cross_entropy_kernel<>, static_cast<unsigned>(N), detail::ce_threads, 0, s, logits, targets, row_loss, N, V,
                                                                                        grad_scale, write_grad);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
   if (loss_sum) {
-    detail::sum_to_double_kernel<float><<<1, detail::reduce_threads, 0, s>>>(row_loss, N, loss_sum);
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
+    launch(detail::sum_to_double_kernel<float>, 1, detail::reduce_threads, 0, s, row_loss, N, loss_sum);
   }
 }
 
 /// *out = sum of g[i]^2 over n floats, in double. partials: norm_blocks doubles of scratch.
 inline void sum_squares(const float* g, Index n, double* partials, double* out, cudaStream_t s) {
-  detail::sum_squares_partials_kernel<><<<norm_blocks, detail::reduce_threads, 0, s>>>(g, n, partials);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
-  detail::sum_to_double_kernel<double><<<1, detail::reduce_threads, 0, s>>>(partials, norm_blocks, out);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::sum_squares_partials_kernel<>, norm_blocks, detail::reduce_threads, 0, s, g, n, partials);
+  launch(detail::sum_to_double_kernel<double>, 1, detail::reduce_threads, 0, s, partials, norm_blocks, out);
 }
 
 // ---- AdamW ------------------------------------------------------------------------------------------
@@ -567,8 +546,7 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ gr
 inline void adamw_update(float* p, const float* grad, float* m, float* v, const std::uint8_t* decay_mask, bf16* shadow,
                          Index n, const AdamWStepConstants& k, cudaStream_t s) {
   if (n == 0) return;
-  detail::adamw_kernel<><<<detail::blocks_for(n), 256, 0, s>>>(p, grad, m, v, decay_mask, shadow, n, k);
-  COUPLEDQK_CUDA_CHECK_LAUNCH();
+  launch(detail::adamw_kernel<>, detail::blocks_for(n), 256, 0, s, p, grad, m, v, decay_mask, shadow, n, k);
 }
 
 /// shadow = bf16(p) for n parameters (after an upload or any direct write to the masters).

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -213,6 +214,31 @@ class DeviceBuffer {
 
 // ---- launch helpers -----------------------------------------------------------------------------
 
+/// Starts kernel<<<grid, block, shared_bytes, stream>>>(args...) and checks the launch: the one place
+/// this library starts a kernel. Built against the CPU emulator of the tests
+/// (tests/cuda/emulator, which defines COUPLEDQK_CUDA_EMULATOR), the same call runs the kernel on
+/// the CPU instead.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
+            Args&&... args) {
+#if defined(COUPLEDQK_CUDA_EMULATOR)
+  (void)stream;
+  (void)::coupledqk_emulator::launch(kernel, grid, block, shared_bytes,
+                                     std::tuple<Params...>(std::forward<Args>(args)...));
+#else
+  kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+#endif
+  COUPLEDQK_CUDA_CHECK_LAUNCH();
+}
+
+/// Declares the block's dynamic shared memory as `type name[]`, aligned to `align` bytes.
+#if defined(COUPLEDQK_CUDA_EMULATOR)
+#define COUPLEDQK_DYNAMIC_SHARED(align, type, name) \
+  type* const name = ::coupledqk_emulator::dynamic_shared<type>()
+#else
+#define COUPLEDQK_DYNAMIC_SHARED(align, type, name) extern __shared__ __align__(align) type name[]
+#endif
+
 inline unsigned grid_for(Index n, int block) {
   const Index g = (n + block - 1) / block;
   return static_cast<unsigned>(g < 1 ? 1 : (g > 65535 * 64 ? 65535 * 64 : g));
@@ -234,8 +260,7 @@ void convert(const From* in, To* out, Index n, cudaStream_t s = nullptr) {
     if (static_cast<const void*>(in) != static_cast<const void*>(out))
       COUPLEDQK_CUDA_CHECK(cudaMemcpyAsync(out, in, n * sizeof(To), cudaMemcpyDeviceToDevice, s));
   } else {
-    convert_kernel<To, From><<<grid_for(n, 256), 256, 0, s>>>(in, out, n);
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
+    launch(convert_kernel<To, From>, grid_for(n, 256), 256, 0, s, in, out, n);
   }
 }
 

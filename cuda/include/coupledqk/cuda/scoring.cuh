@@ -335,18 +335,15 @@ struct DeviceScoring<coupledqk::Differential> {
     s.lambda.reserve(3);
 
     const float lambda_init = static_cast<float>(coupledqk::Differential::lambda_init(d.layer_index));
-    diff_lambda_kernel<><<<1, 32, 0, stream>>>(params, static_cast<int>(hd), lambda_init, s.lambda.data());
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
+    launch(diff_lambda_kernel<>, 1, 32, 0, stream, params, static_cast<int>(hd), lambda_init, s.lambda.data());
 
     const FlashLayout l = layout(d);
     flash_forward<T>(l, q, k, v, s.o1.data(), s.lse1.data(), stream);
     flash_forward<T>(l, q + hd, k + hd, v, s.o2.data(), s.lse2.data(), stream);
 
-    diff_norm_forward_kernel<T><<<grid_for(rows * G, kWarps), kThreads, 0, stream>>>(
-        s.o1.data(), s.o2.data(), s.lambda.data(), params + 4 * hd, 1.0f - lambda_init,
+    launch(diff_norm_forward_kernel<T>, grid_for(rows * G, kWarps), kThreads, 0, stream, s.o1.data(), s.o2.data(), s.lambda.data(), params + 4 * hd, 1.0f - lambda_init,
         static_cast<float>(coupledqk::Differential::rms_eps), o, s.inv_rms.data(), rows, static_cast<int>(G),
         static_cast<int>(hd));
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
   }
 
   /// dq, dk, dv (=); dparams (+=). o is not needed (what is, is in saved).
@@ -373,13 +370,10 @@ struct DeviceScoring<coupledqk::Differential> {
     ws.partial.reserve(static_cast<std::size_t>(blocks) * static_cast<std::size_t>(2 * hd + 1));
 
     const float out_scale = 1.0f - static_cast<float>(coupledqk::Differential::lambda_init(d.layer_index));
-    diff_norm_backward_kernel<T><<<blocks, kThreads, 0, stream>>>(
-        s.o1.data(), s.o2.data(), s.lambda.data(), s.inv_rms.data(), d_o, params + 4 * hd, out_scale,
+    launch(diff_norm_backward_kernel<T>, blocks, kThreads, 0, stream, s.o1.data(), s.o2.data(), s.lambda.data(), s.inv_rms.data(), d_o, params + 4 * hd, out_scale,
         ws.dav.data(), ws.dav2.data(), ws.partial.data(), rows, static_cast<int>(G), static_cast<int>(hd));
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
-    diff_param_grad_kernel<><<<1, kThreads, 0, stream>>>(ws.partial.data(), blocks, params, s.lambda.data(),
+    launch(diff_param_grad_kernel<>, 1, kThreads, 0, stream, ws.partial.data(), blocks, params, s.lambda.data(),
                                                         static_cast<int>(hd), dparams);
-    COUPLEDQK_CUDA_CHECK_LAUNCH();
 
     // O1 gets dA, O2 gets -lambda dA; both attentions read the same values, so the second
     // accumulates into dv.
