@@ -62,4 +62,39 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
   return err / scale;
 }
 
+/// ||got - want||_2 / ||want||_2 (with a floor on the denominator).
+inline double relative_l2(const std::vector<float>& got, const std::vector<float>& want, double floor = 1e-12) {
+  REQUIRE(got.size() == want.size());
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = double(got[i]) - double(want[i]);
+    num += d * d;
+    den += double(want[i]) * double(want[i]);
+  }
+  if (std::isnan(num)) return INFINITY;
+  return std::sqrt(num) / std::max(std::sqrt(den), floor);
+}
+
+/// The tolerance of a bf16-storage comparison (L2 norm, relative): 2e-2, the rounding of bf16
+/// storage. Under the CPU emulator built with COUPLEDQK_EMULATOR_EXACT_BF16 (a "bf16" that keeps the
+/// whole float) no rounding is left, so the float tolerance applies: what could still differ is
+/// indexing, and it must not.
+constexpr double bf16_tolerance() {
+#if defined(COUPLEDQK_EMULATOR_EXACT_BF16)
+  return 1e-4;
+#else
+  return 2e-2;
+#endif
+}
+
+/// The tolerance of the attention layer's bf16 gradients (L2, relative): see test_cuda_layer.cu for
+/// why it is 1e-1; 1e-4 under COUPLEDQK_EMULATOR_EXACT_BF16.
+constexpr double bf16_gradient_tolerance() {
+#if defined(COUPLEDQK_EMULATOR_EXACT_BF16)
+  return 1e-4;
+#else
+  return 1e-1;
+#endif
+}
+
 }  // namespace coupledqk::cuda::testing

@@ -161,7 +161,7 @@ Reference reference(const typename I::template parameters<double>& p, const Shap
 
 template <class T>
 constexpr double tolerance() {
-  return std::is_same_v<T, float> ? 1e-4 : 2e-2;
+  return std::is_same_v<T, float> ? 1e-4 : coupledqk::cuda::testing::bf16_tolerance();
 }
 
 template <class T>

@@ -36,8 +36,10 @@ namespace {
 using namespace coupledqk;
 using coupledqk::cuda::bf16;
 using coupledqk::cuda::DeviceBuffer;
+using coupledqk::cuda::testing::bf16_tolerance;
 using coupledqk::cuda::testing::random_vector;
 using coupledqk::cuda::testing::relative_error;
+using coupledqk::cuda::testing::relative_l2;
 using coupledqk::cuda::testing::to_device;
 using coupledqk::cuda::testing::to_host;
 
@@ -87,19 +89,6 @@ std::vector<float> flat_all(const std::vector<TensorView<S>>& views) {
   return out;
 }
 
-/// ||got - want||_2 / ||want||_2 (with a floor on the denominator).
-double relative_l2(const std::vector<float>& got, const std::vector<float>& want, double floor = 1e-12) {
-  REQUIRE(got.size() == want.size());
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = double(got[i]) - double(want[i]);
-    num += d * d;
-    den += double(want[i]) * double(want[i]);
-  }
-  if (std::isnan(num)) return INFINITY;
-  return std::sqrt(num) / std::max(std::sqrt(den), floor);
-}
-
 /// Copies the float model's parameters into a double model of the same variant and sizes.
 template <class I, class Sc>
 void copy_parameters(Gpt<float, I, Sc>& from, Gpt<double, I, Sc>& to) {
@@ -137,7 +126,7 @@ void check_gradients() {
   CHECK(dev.download_parameters() == flat_all(host.parameters()));  // upload is a plain copy
   dev.zero_grad();
   const float got = dev.loss(batch.tokens, batch.targets, kB);
-  const double loss_tol = is_bf16<T> ? 2e-2 : 1e-4;
+  const double loss_tol = is_bf16<T> ? bf16_tolerance() : 1e-4;
   INFO("variant ", host.config().attention, " steps ", host.config().steps, ", ", cuda::to_string(dev.precision()));
   INFO("loss: device ", got, ", CPU (double) ", want);
   CHECK(std::abs(got - want) / std::abs(want) <= loss_tol);
@@ -158,7 +147,7 @@ void check_gradients() {
     const double e_max = relative_error(a, b, 1e-3 * max_all), e_l2 = relative_l2(a, b, 1e-2 * l2_all);
     INFO("gradient ", g_ref[k].name, ": max-norm relative error ", e_max, ", L2 relative error ", e_l2);
     if (is_bf16<T>)
-      CHECK(e_l2 <= 2e-2);
+      CHECK(e_l2 <= bf16_tolerance());
     else
       CHECK(e_max <= 1e-4);
   }

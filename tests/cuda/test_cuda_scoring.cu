@@ -39,7 +39,7 @@ const Shape kShapes[] = {{2, 1, 2, 16}, {2, 150, 4, 32}, {1, 257, 2, 64}, {3, 64
 
 template <class T>
 double tolerance() {
-  return std::is_same_v<T, float> ? 1e-4 : 2e-2;
+  return std::is_same_v<T, float> ? 1e-4 : coupledqk::cuda::testing::bf16_tolerance();
 }
 template <class T>
 const char* type_name() {

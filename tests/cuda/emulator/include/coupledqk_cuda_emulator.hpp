@@ -3,7 +3,7 @@
 //
 // What it does
 //   * Each kernel launch runs at once (streams are ignored; every call is synchronous). Blocks run
-//     one after another; the threads of a block run as cooperative fibers (ucontext) on one host
+//     one after another; the threads of a block run as cooperative fibers on one host
 //     thread, switching only at __syncthreads, __syncwarp and warp shuffles. Between two barriers
 //     the threads run in a pseudo-random order that changes with every barrier, block and launch
 //     (COUPLEDQK_EMULATOR_ORDER=forward|reverse|random, COUPLEDQK_EMULATOR_SEED), so a missing
@@ -26,7 +26,6 @@
 // execution. Passing here is necessary, not sufficient: the hardware run is scripts/gpu-check.
 #pragma once
 
-#include <ucontext.h>
 
 #include <algorithm>
 #include <cmath>
@@ -203,10 +202,82 @@ inline int sm_count() {
 }
 
 // ---- fibers: the threads of one block ------------------------------------------------------------------
+// ---- execution contexts -------------------------------------------------------------------------------------
+// x86-64: a minimal switch that saves the callee-saved registers, MXCSR and the x87 control word on
+// the old stack and restores them from the new one (no system call, unlike swapcontext, which
+// saves the signal mask). Elsewhere, or with COUPLEDQK_EMULATOR_UCONTEXT: ucontext.
+#if defined(__x86_64__) && !defined(COUPLEDQK_EMULATOR_UCONTEXT)
+extern "C" void coupledqk_emulator_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .weak coupledqk_emulator_switch
+  .type coupledqk_emulator_switch, @function
+coupledqk_emulator_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size coupledqk_emulator_switch, .-coupledqk_emulator_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+inline void switch_context(Context& from, Context& to) { coupledqk_emulator_switch(&from.sp, to.sp); }
+// A context that starts entry() on [stack, stack + size) at its first switch.
+inline void make_context(Context& c, char* stack, std::size_t size, void (*entry)()) {
+  auto top = (reinterpret_cast<std::uintptr_t>(stack) + size) & ~std::uintptr_t(15);
+  auto* slot = reinterpret_cast<std::uint64_t*>(top);
+  std::uint32_t mxcsr = 0;
+  std::uint16_t fpcw = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpcw));
+  slot[-1] = 0;                                      // entry's return address: it never returns
+  slot[-2] = reinterpret_cast<std::uintptr_t>(entry);  // popped by the switch's ret
+  for (int r = 3; r <= 8; ++r) slot[-r] = 0;        // rbp, rbx, r12-r15
+  slot[-9] = std::uint64_t(mxcsr) | (std::uint64_t(fpcw) << 32);
+  c.sp = slot - 9;
+}
+#else
+}  // namespace coupledqk_emulator
+#include <ucontext.h>
+namespace coupledqk_emulator {
+struct Context {
+  ucontext_t uc{};
+};
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+// getcontext returns twice in the compiler's eyes: kept out of the callers (-Wclobbered).
+[[gnu::noinline]] inline void make_context(Context& c, char* stack, std::size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
 enum class State { runnable, block_barrier, warp_barrier, done };
 
 struct Fiber {
-  ucontext_t context{};
+  Context context;
+  char* stack = nullptr;
   uint3 tid{};
   int linear = 0;
   State state = State::runnable;
@@ -216,7 +287,7 @@ struct Fiber {
 struct Block {
   std::function<void()> body;
   std::vector<Fiber> fibers;
-  ucontext_t scheduler{};
+  Context scheduler;
   Fiber* current = nullptr;
   std::unique_ptr<unsigned char[]> shared;  // dynamic shared memory of this block
   std::size_t shared_bytes = 0;
@@ -256,7 +327,7 @@ inline void yield_to_scheduler(State s) {
   Fiber* f = b->current;
   f->state = s;
   start_switch(&f->fake_stack, b->scheduler_stack_bottom, b->scheduler_stack_size);
-  swapcontext(&f->context, &b->scheduler);
+  switch_context(f->context, b->scheduler);
   finish_switch(f->fake_stack, nullptr, nullptr);
 }
 
@@ -267,7 +338,8 @@ inline void fiber_entry() {
   Fiber* f = b->current;
   f->state = State::done;
   start_switch(nullptr, b->scheduler_stack_bottom, b->scheduler_stack_size);  // this stack is done
-  setcontext(&b->scheduler);
+  switch_context(f->context, b->scheduler);  // never resumed
+  fatal("a finished thread was resumed");
 }
 
 // Scheduling order between barriers.
@@ -316,15 +388,6 @@ inline std::uint64_t& launch_counter() {
   return n;
 }
 
-// getcontext returns twice in the compiler's eyes: kept out of run_block (-Wclobbered).
-[[gnu::noinline]] inline void make_fiber_context(ucontext_t& c, char* stack) {
-  getcontext(&c);
-  c.uc_stack.ss_sp = stack;
-  c.uc_stack.ss_size = stack_bytes();
-  c.uc_link = nullptr;
-  makecontext(&c, fiber_entry, 0);
-}
-
 // Runs one block to completion.
 inline void run_block(Block& b, const dim3& block, std::uint64_t rng) {
   const int n = static_cast<int>(block.x * block.y * block.z);
@@ -337,7 +400,8 @@ inline void run_block(Block& b, const dim3& block, std::uint64_t rng) {
     f.linear = i;
     f.tid = uint3{static_cast<unsigned>(i) % block.x, (static_cast<unsigned>(i) / block.x) % block.y,
                   static_cast<unsigned>(i) / (block.x * block.y)};
-    make_fiber_context(f.context, st[static_cast<std::size_t>(i)].get());
+    f.stack = st[static_cast<std::size_t>(i)].get();
+    make_context(f.context, f.stack, stack_bytes(), fiber_entry);
   }
   std::vector<int> order(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
@@ -354,9 +418,8 @@ inline void run_block(Block& b, const dim3& block, std::uint64_t rng) {
       if (f.state != State::runnable) continue;
       b.current = &f;
       threadIdx = f.tid;
-      const void* bottom = f.context.uc_stack.ss_sp;
-      start_switch(&f.fake_stack, bottom, stack_bytes());
-      swapcontext(&b.scheduler, &f.context);
+      start_switch(&f.fake_stack, f.stack, stack_bytes());
+      switch_context(b.scheduler, f.context);
       finish_switch(f.fake_stack, nullptr, nullptr);
       if (f.state == State::done) --live;
     }

@@ -54,7 +54,7 @@ inline void store_element(void* p, cudaDataType_t t, long long i, float v) {
   else
     static_cast<__nv_bfloat16*>(p)[i] = __nv_bfloat16(v);
 }
-inline std::size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+inline std::size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? sizeof(float) : sizeof(__nv_bfloat16); }
 
 // Bytes spanned by a column-major rows x cols matrix with leading dimension ld.
 inline std::size_t span_bytes(long long rows, long long cols, long long ld, cudaDataType_t t) {

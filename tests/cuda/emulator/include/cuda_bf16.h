@@ -8,6 +8,16 @@
 
 #include "coupledqk_cuda_emulator.hpp"
 
+#if defined(COUPLEDQK_EMULATOR_EXACT_BF16)
+// Diagnostics only: a "bf16" that keeps the whole float (4 bytes, no rounding). Tests built with it
+// separate rounding error from indexing bugs in the bf16 code paths.
+struct __nv_bfloat16 {
+  float __x;
+  __nv_bfloat16() = default;
+  __nv_bfloat16(float f) : __x(f) {}
+  operator float() const { return __x; }
+};
+#else
 struct __nv_bfloat16 {
   unsigned short __x;
   __nv_bfloat16() = default;
@@ -26,6 +36,7 @@ struct __nv_bfloat16 {
     return static_cast<unsigned short>(u >> 16);
   }
 };
+#endif
 typedef __nv_bfloat16 nv_bfloat16;
 
 inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
