@@ -1101,7 +1101,8 @@ void backward(const FlashLayout& l, const E* q, const E* k, const E* v, const E*
 
   auto launch_delta = [&](auto round_do) {
     const unsigned dgrid = grid_for(n, kThreads / 32);
-    launch(delta_kernel<E, decltype(round_do)::value>, dgrid, kThreads, 0, stream, o, d_o, delta.data(), l.batch, l.seq, l.heads, static_cast<int>(l.dv), l.o_row, l.o_head);
+    launch(delta_kernel<E, decltype(round_do)::value>, dgrid, kThreads, 0, stream, o, d_o, delta.data(), l.batch, l.seq,
+           l.heads, static_cast<int>(l.dv), l.o_row, l.o_head);
   };
 
   BwdArgs<E> a{};

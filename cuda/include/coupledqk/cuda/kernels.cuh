@@ -389,7 +389,8 @@ inline void embedding_backward(const std::int32_t* tokens, const float* dx, floa
   const Index N = batch * seq;
   if (N * D == 0) return;
   launch(detail::embedding_backward_tokens_kernel<>, detail::blocks_for(N * D), 256, 0, s, tokens, dx, dwte, N, D);
-  launch(detail::embedding_backward_positions_kernel<>, detail::blocks_for(seq * D), 256, 0, s, dx, dwpe, batch, seq, D);
+  launch(detail::embedding_backward_positions_kernel<>, detail::blocks_for(seq * D), 256, 0, s, dx, dwpe, batch, seq,
+         D);
 }
 
 /// y = LayerNorm(x) g + b per row; mean, rstd: [N] written (may be null together).
@@ -397,7 +398,8 @@ template <class T>
 void layer_norm_forward(const T* x, const float* g, const float* b, T* y, float* mean, float* rstd, Index N, Index D,
                         cudaStream_t s, float eps = layer_norm_eps) {
   if (N == 0) return;
-  launch(detail::layer_norm_forward_kernel<T>, detail::row_blocks(N), detail::warp * detail::rows_per_block, 0, s, x, g, b, y, mean, rstd, N, D, eps);
+  launch(detail::layer_norm_forward_kernel<T>, detail::row_blocks(N), detail::warp * detail::rows_per_block, 0, s, x, g,
+         b, y, mean, rstd, N, D, eps);
 }
 
 /// LayerNorm backward. dx [N, D]: written (=), or added to (+=) with accumulate; dg, db [D]: +=
@@ -406,7 +408,8 @@ template <class T>
 void layer_norm_backward(const T* x, const float* g, const float* mean, const float* rstd, const float* dy, float* dx,
                          bool accumulate, float* dg, float* db, float* partials, Index N, Index D, cudaStream_t s) {
   if (N == 0) return;
-  launch(detail::layer_norm_backward_kernel<T>, detail::row_blocks(N), detail::warp * detail::rows_per_block, 0, s, x, g, mean, rstd, dy, dx, accumulate, N, D);
+  launch(detail::layer_norm_backward_kernel<T>, detail::row_blocks(N), detail::warp * detail::rows_per_block, 0, s, x,
+         g, mean, rstd, dy, dx, accumulate, N, D);
   if (!dg && !db) return;
   const Index chunks = column_chunks(N);
   float* part_g = partials;
@@ -414,7 +417,7 @@ void layer_norm_backward(const T* x, const float* g, const float* mean, const fl
   const dim3 grid(static_cast<unsigned>((D + detail::warp - 1) / detail::warp), static_cast<unsigned>(chunks));
   const dim3 block(detail::warp, detail::rows_per_block);
   launch(detail::layer_norm_param_partials_kernel<T>, grid, block, 0, s, x, mean, rstd, dy, part_g, part_b, N, D,
-                                                                      column_chunk_rows);
+         column_chunk_rows);
   if (dg) {
     launch(detail::add_partials_kernel<>, detail::blocks_for(D), 256, 0, s, part_g, chunks, D, dg);
   }
@@ -475,8 +478,8 @@ void residual_add(const T* a, const T* b, T* out, Index n, cudaStream_t s) {
 inline void cross_entropy(float* logits, const std::int32_t* targets, float* row_loss, double* loss_sum, Index N,
                           Index V, bool write_grad, float grad_scale, cudaStream_t s) {
   if (N == 0) return;
-  launch(detail::cross_entropy_kernel<>, static_cast<unsigned>(N), detail::ce_threads, 0, s, logits, targets, row_loss, N, V,
-                                                                                       grad_scale, write_grad);
+  launch(detail::cross_entropy_kernel<>, static_cast<unsigned>(N), detail::ce_threads, 0, s, logits, targets, row_loss,
+         N, V, grad_scale, write_grad);
   if (loss_sum) {
     launch(detail::sum_to_double_kernel<float>, 1, detail::reduce_threads, 0, s, row_loss, N, loss_sum);
   }

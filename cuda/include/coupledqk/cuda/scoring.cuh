@@ -341,9 +341,9 @@ struct DeviceScoring<coupledqk::Differential> {
     flash_forward<T>(l, q, k, v, s.o1.data(), s.lse1.data(), stream);
     flash_forward<T>(l, q + hd, k + hd, v, s.o2.data(), s.lse2.data(), stream);
 
-    launch(diff_norm_forward_kernel<T>, grid_for(rows * G, kWarps), kThreads, 0, stream, s.o1.data(), s.o2.data(), s.lambda.data(), params + 4 * hd, 1.0f - lambda_init,
-        static_cast<float>(coupledqk::Differential::rms_eps), o, s.inv_rms.data(), rows, static_cast<int>(G),
-        static_cast<int>(hd));
+    launch(diff_norm_forward_kernel<T>, grid_for(rows * G, kWarps), kThreads, 0, stream, s.o1.data(), s.o2.data(),
+           s.lambda.data(), params + 4 * hd, 1.0f - lambda_init, static_cast<float>(coupledqk::Differential::rms_eps),
+           o, s.inv_rms.data(), rows, static_cast<int>(G), static_cast<int>(hd));
   }
 
   /// dq, dk, dv (=); dparams (+=). o is not needed (what is, is in saved).
@@ -370,10 +370,11 @@ struct DeviceScoring<coupledqk::Differential> {
     ws.partial.reserve(static_cast<std::size_t>(blocks) * static_cast<std::size_t>(2 * hd + 1));
 
     const float out_scale = 1.0f - static_cast<float>(coupledqk::Differential::lambda_init(d.layer_index));
-    launch(diff_norm_backward_kernel<T>, blocks, kThreads, 0, stream, s.o1.data(), s.o2.data(), s.lambda.data(), s.inv_rms.data(), d_o, params + 4 * hd, out_scale,
-        ws.dav.data(), ws.dav2.data(), ws.partial.data(), rows, static_cast<int>(G), static_cast<int>(hd));
+    launch(diff_norm_backward_kernel<T>, blocks, kThreads, 0, stream, s.o1.data(), s.o2.data(), s.lambda.data(),
+           s.inv_rms.data(), d_o, params + 4 * hd, out_scale, ws.dav.data(), ws.dav2.data(), ws.partial.data(), rows,
+           static_cast<int>(G), static_cast<int>(hd));
     launch(diff_param_grad_kernel<>, 1, kThreads, 0, stream, ws.partial.data(), blocks, params, s.lambda.data(),
-                                                        static_cast<int>(hd), dparams);
+           static_cast<int>(hd), dparams);
 
     // O1 gets dA, O2 gets -lambda dA; both attentions read the same values, so the second
     // accumulates into dv.
