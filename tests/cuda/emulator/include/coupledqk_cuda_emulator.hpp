@@ -4,10 +4,12 @@
 // What it does
 //   * Each kernel launch runs at once (streams are ignored; every call is synchronous). Blocks run
 //     one after another; the threads of a block run as cooperative fibers on one host
-//     thread, switching only at __syncthreads, __syncwarp and warp shuffles. Between two barriers
-//     the threads run in a pseudo-random order that changes with every barrier, block and launch
-//     (COUPLEDQK_EMULATOR_ORDER=forward|reverse|random, COUPLEDQK_EMULATOR_SEED), so a missing
-//     barrier shows up as a wrong or NaN result instead of passing by luck.
+//     thread, switching only at __syncthreads, __syncwarp and warp shuffles. The scheduler advances
+//     one warp at a time, picked at random (COUPLEDQK_EMULATOR_ORDER=random, the default; the seed
+//     is COUPLEDQK_EMULATOR_SEED), so warps drift apart between block barriers, and runs the lanes
+//     in a random order; `forward` runs warp 0 as far as it can go before warp 1 starts (and lanes
+//     in order), `reverse` the other way round. A missing barrier then shows up as a wrong or NaN
+//     result instead of passing by luck.
 //   * Dynamic shared memory is a fresh allocation of exactly the launch's size per block, filled
 //     with 0xFF (NaN) first: reading it before writing it poisons the result, and reading past its
 //     end is caught by AddressSanitizer when the tests are built with it.
@@ -15,8 +17,9 @@
 //     memory above 48 KiB only after cudaFuncSetAttribute(MaxDynamicSharedMemorySize) raised the
 //     kernel's limit (at most the sm_90 opt-in limit, 227 KiB). A failed launch sets the sticky
 //     error that cudaGetLastError returns, and runs nothing.
-//   * Device memory is host memory from malloc, tracked: cudaMemcpy/cudaMemset/cuBLAS check that
-//     their device ranges lie inside one live allocation and that host ranges do not.
+//   * Device memory is host memory from malloc, NaN-filled (0xFF) when allocated, and tracked:
+//     cudaMemcpy/cudaMemset/cuBLAS check that their device ranges lie inside one live allocation and
+//     that host ranges do not.
 //   * A barrier no thread can pass (threads of a block waiting at different barriers) aborts the
 //     program with the waiting threads' indices, as a hang on the hardware would be a bug.
 //
@@ -52,6 +55,7 @@
 #define COUPLEDQK_EMULATOR_ASAN 0
 #endif
 #if COUPLEDQK_EMULATOR_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -163,6 +167,7 @@ inline cudaError_t device_malloc(void** p, std::size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   void* q = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (q == nullptr) return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of host memory");
+  std::memset(q, 0xFF, bytes);  // NaN: code that reads memory it never wrote sees it
   Memory::get().live[reinterpret_cast<std::uintptr_t>(q)] = bytes;
   *p = q;
   return cudaSuccess;
@@ -243,6 +248,9 @@ struct Context {
 inline void switch_context(Context& from, Context& to) { coupledqk_emulator_switch(&from.sp, to.sp); }
 // A context that starts entry() on [stack, stack + size) at its first switch.
 inline void make_context(Context& c, char* stack, std::size_t size, void (*entry)()) {
+#if COUPLEDQK_EMULATOR_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(stack, size);  // a reused stack keeps its last frames' redzones
+#endif
   auto top = (reinterpret_cast<std::uintptr_t>(stack) + size) & ~std::uintptr_t(15);
   auto* slot = reinterpret_cast<std::uint64_t*>(top);
   std::uint32_t mxcsr = 0;
@@ -265,6 +273,9 @@ struct Context {
 inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
 // getcontext returns twice in the compiler's eyes: kept out of the callers (-Wclobbered).
 [[gnu::noinline]] inline void make_context(Context& c, char* stack, std::size_t size, void (*entry)()) {
+#if COUPLEDQK_EMULATOR_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(stack, size);  // a reused stack keeps its last frames' redzones
+#endif
   getcontext(&c.uc);
   c.uc.uc_stack.ss_sp = stack;
   c.uc.uc_stack.ss_size = size;
@@ -403,54 +414,69 @@ inline void run_block(Block& b, const dim3& block, std::uint64_t rng) {
     f.stack = st[static_cast<std::size_t>(i)].get();
     make_context(f.context, f.stack, stack_bytes(), fiber_entry);
   }
-  std::vector<int> order(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
   const Order& mode = Order::get();
+  const int warps = (n + 31) / 32;
+  const auto lanes_end = [n](int w) { return std::min(n, w * 32 + 32); };
+  const auto fiber = [&b](int i) -> Fiber& { return b.fibers[static_cast<std::size_t>(i)]; };
+  // A warp whose live lanes all wait at a warp barrier goes on.
+  const auto release_warp = [&](int w) {
+    bool all = true, any = false;
+    for (int i = w * 32; i < lanes_end(w); ++i) {
+      const State s = fiber(i).state;
+      if (s == State::done) continue;
+      if (s != State::warp_barrier) all = false;
+      else any = true;
+    }
+    if (all && any)
+      for (int i = w * 32; i < lanes_end(w); ++i)
+        if (fiber(i).state == State::warp_barrier) fiber(i).state = State::runnable;
+  };
+  std::vector<int> ready, lanes;
   int live = n;
   while (live > 0) {
-    if (mode.mode == Order::reverse) {
-      std::sort(order.begin(), order.end(), std::greater<int>());
-    } else if (mode.mode == Order::random) {
-      for (int i = n - 1; i > 0; --i) std::swap(order[static_cast<std::size_t>(i)], order[splitmix(rng) % static_cast<std::uint64_t>(i + 1)]);
-    }
-    for (int i : order) {
-      Fiber& f = b.fibers[static_cast<std::size_t>(i)];
-      if (f.state != State::runnable) continue;
-      b.current = &f;
-      threadIdx = f.tid;
-      start_switch(&f.fake_stack, f.stack, stack_bytes());
-      switch_context(b.scheduler, f.context);
-      finish_switch(f.fake_stack, nullptr, nullptr);
-      if (f.state == State::done) --live;
-    }
-    if (live == 0) break;
-    // Every live thread waits at a barrier: release what can be released.
-    bool released = false;
-    for (int w = 0; w * 32 < n; ++w) {
-      bool all = true, any = false;
-      for (int i = w * 32; i < std::min(n, w * 32 + 32); ++i) {
-        const State s = b.fibers[static_cast<std::size_t>(i)].state;
-        if (s == State::done) continue;
-        if (s != State::warp_barrier) all = false;
-        else any = true;
+    // One step: pick a warp with runnable lanes (the lowest in `forward` mode, so that warp 0 runs
+    // as far as it can before warp 1 starts; the highest in `reverse`; any in `random`), run each of
+    // its runnable lanes until it blocks (lane order likewise), then let the warp past a warp
+    // barrier if all its lanes reached it. Warps drift apart as they would on the hardware, so a
+    // missing __syncthreads between warps that share memory shows up.
+    ready.clear();
+    for (int w = 0; w < warps; ++w)
+      for (int i = w * 32; i < lanes_end(w); ++i)
+        if (fiber(i).state == State::runnable) {
+          ready.push_back(w);
+          break;
+        }
+    if (!ready.empty()) {
+      const int w = mode.mode == Order::forward   ? ready.front()
+                    : mode.mode == Order::reverse ? ready.back()
+                                                  : ready[splitmix(rng) % ready.size()];
+      lanes.clear();
+      for (int i = w * 32; i < lanes_end(w); ++i)
+        if (fiber(i).state == State::runnable) lanes.push_back(i);
+      if (mode.mode == Order::reverse) std::reverse(lanes.begin(), lanes.end());
+      if (mode.mode == Order::random)
+        for (std::size_t i = lanes.size(); i > 1; --i) std::swap(lanes[i - 1], lanes[splitmix(rng) % i]);
+      for (int i : lanes) {
+        Fiber& f = fiber(i);
+        b.current = &f;
+        threadIdx = f.tid;
+        start_switch(&f.fake_stack, f.stack, stack_bytes());
+        switch_context(b.scheduler, f.context);
+        finish_switch(f.fake_stack, nullptr, nullptr);
+        if (f.state == State::done) --live;
       }
-      if (all && any) {
-        for (int i = w * 32; i < std::min(n, w * 32 + 32); ++i)
-          if (b.fibers[static_cast<std::size_t>(i)].state == State::warp_barrier) b.fibers[static_cast<std::size_t>(i)].state = State::runnable;
-        released = true;
-      }
+      release_warp(w);
+      continue;
     }
-    if (released) continue;
+    // Nothing runnable: every live thread waits at __syncthreads, or this is a deadlock.
     bool all_block = true;
     for (const Fiber& f : b.fibers)
       if (f.state != State::done && f.state != State::block_barrier) all_block = false;
-    if (all_block) {
-      for (Fiber& f : b.fibers)
-        if (f.state == State::block_barrier) f.state = State::runnable;
-      continue;
-    }
-    fatal("deadlock in block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
-          std::to_string(blockIdx.z) + "): threads wait at barriers no thread can pass:" + describe_waiters(b));
+    if (!all_block)
+      fatal("deadlock in block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+            std::to_string(blockIdx.z) + "): threads wait at barriers no thread can pass:" + describe_waiters(b));
+    for (Fiber& f : b.fibers)
+      if (f.state == State::block_barrier) f.state = State::runnable;
   }
 }
 
