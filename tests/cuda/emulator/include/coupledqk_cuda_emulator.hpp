@@ -165,8 +165,11 @@ inline cudaError_t device_malloc(void** p, std::size_t bytes) {
   if (p == nullptr) return fail(cudaErrorInvalidValue, "cudaMalloc: null result pointer");
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
-  void* q = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  if (q == nullptr) return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of host memory");
+  // 256-byte aligned as cudaMalloc's, and exactly `bytes` long so that AddressSanitizer (when the
+  // tests are built with it) reports the first byte past the end.
+  void* q = nullptr;
+  if (posix_memalign(&q, 256, bytes) != 0 || q == nullptr)
+    return fail(cudaErrorMemoryAllocation, "cudaMalloc: out of host memory");
   std::memset(q, 0xFF, bytes);  // NaN: code that reads memory it never wrote sees it
   Memory::get().live[reinterpret_cast<std::uintptr_t>(q)] = bytes;
   *p = q;
