@@ -41,6 +41,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -577,29 +578,19 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize
 }
 [[noreturn]] inline void __trap() { coupledqk_emulator::fatal("__trap() in a kernel"); }
 
-// One host thread runs every block: atomics are plain read-modify-writes.
-inline float atomicAdd(float* p, float v) {
-  const float old = *p;
-  *p = old + v;
-  return old;
-}
-inline double atomicAdd(double* p, double v) {
-  const double old = *p;
-  *p = old + v;
-  return old;
-}
-inline int atomicAdd(int* p, int v) {
-  const int old = *p;
-  *p = old + v;
-  return old;
-}
-inline unsigned atomicAdd(unsigned* p, unsigned v) {
-  const unsigned old = *p;
-  *p = old + v;
-  return old;
-}
-inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-  const unsigned long long old = *p;
+// One host thread runs every block: atomics are plain read-modify-writes. (One template for the
+// types CUDA's atomicAdd takes; the value converts to the pointee as in CUDA's overloads.)
+namespace coupledqk_emulator {
+template <class T>
+struct identity {
+  using type = T;
+};
+}  // namespace coupledqk_emulator
+template <class T, class = std::enable_if_t<std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                            std::is_same_v<T, int> || std::is_same_v<T, unsigned> ||
+                                            std::is_same_v<T, unsigned long long>>>
+inline T atomicAdd(T* p, typename coupledqk_emulator::identity<T>::type v) {
+  const T old = *p;
   *p = old + v;
   return old;
 }
