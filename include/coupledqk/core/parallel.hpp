@@ -62,6 +62,8 @@ void parallel_rows(Eigen::Index n, bool worth, F&& f) {
     for (Eigen::Index i = 0; i < n; ++i) f(i);
     return;
   }
+#else
+  (void)worth;  // without OpenMP every loop is serial
 #endif
   for (Eigen::Index i = 0; i < n; ++i) f(i);
 }
