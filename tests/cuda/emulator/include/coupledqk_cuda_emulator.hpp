@@ -15,8 +15,8 @@
 //     end is caught by AddressSanitizer when the tests are built with it.
 //   * Launches are checked as the hardware checks them: grid and block sizes, and dynamic shared
 //     memory above 48 KiB only after cudaFuncSetAttribute(MaxDynamicSharedMemorySize) raised the
-//     kernel's limit (at most the sm_90 opt-in limit, 227 KiB). A failed launch sets the sticky
-//     error that cudaGetLastError returns, and runs nothing.
+//     kernel's limit (at most the sm_90 opt-in limit, 227 KiB). A refused launch runs nothing and
+//     leaves the error for cudaGetLastError, as the runtime does.
 //   * Device memory is host memory from malloc, NaN-filled (0xFF) when allocated, and tracked:
 //     cudaMemcpy/cudaMemset/cuBLAS check that their device ranges lie inside one live allocation and
 //     that host ranges do not.
