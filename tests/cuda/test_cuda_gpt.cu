@@ -191,15 +191,28 @@ void check_training() {
   Tape<float> tape;
   INFO("variant ", host.config().attention, " steps ", host.config().steps, ", ", cuda::to_string(dev.precision()));
 
+  // Step s on both devices with the same batch: a CPU model and optimiser, and the device's.
+  struct Both {
+    float lc, ld;
+    StepReport rc, rd;
+  };
+  const auto step_both = [&](Gpt<float, I, Sc>& cpu, coupledqk::AdamW<float>& opt, int s) {
+    const Batch b = random_batch(100 + std::uint64_t(s), cfg.vocab, kB * kT);
+    Both r{};
+    cpu.zero_grad();
+    r.lc = cpu.loss(tape, b.tokens, b.targets, kB);
+    r.rc = opt.step();
+    dev.zero_grad();
+    r.ld = dev.loss(b.tokens, b.targets, kB);
+    r.rd = opt_dev.step();
+    return r;
+  };
+
   const double loss_tol = is_bf16<T> ? 2e-2 : 1e-3;
   for (int s = 0; s < steps; ++s) {
-    const Batch b = random_batch(100 + std::uint64_t(s), cfg.vocab, kB * kT);
-    host.zero_grad();
-    const float lc = host.loss(tape, b.tokens, b.targets, kB);
-    const StepReport rc = opt_cpu.step();
-    dev.zero_grad();
-    const float ld = dev.loss(b.tokens, b.targets, kB);
-    const StepReport rd = opt_dev.step();
+    const Both r = step_both(host, opt_cpu, s);
+    const float lc = r.lc, ld = r.ld;
+    const StepReport &rc = r.rc, &rd = r.rd;
     INFO("step ", s + 1, ": loss CPU ", lc, " device ", ld, "; grad norm CPU ", rc.grad_norm, " device ", rd.grad_norm);
     CHECK(std::abs(ld - lc) / std::abs(lc) <= loss_tol);
     CHECK(std::abs(rd.grad_norm - rc.grad_norm) / rc.grad_norm <= (is_bf16<T> ? 5e-2 : 1e-3));
@@ -245,13 +258,9 @@ void check_training() {
 
   // The CPU continues from the downloaded state exactly where the device does.
   for (int s = steps; s < steps + 2; ++s) {
-    const Batch b = random_batch(100 + std::uint64_t(s), cfg.vocab, kB * kT);
-    host2.zero_grad();
-    const float lc = host2.loss(tape, b.tokens, b.targets, kB);
-    const StepReport rc = opt2.step();
-    dev.zero_grad();
-    const float ld = dev.loss(b.tokens, b.targets, kB);
-    const StepReport rd = opt_dev.step();
+    const Both r = step_both(host2, opt2, s);
+    const float lc = r.lc, ld = r.ld;
+    const StepReport &rc = r.rc, &rd = r.rd;
     INFO("continued step ", s + 1, ": loss CPU ", lc, " device ", ld);
     CHECK(std::abs(ld - lc) / std::abs(lc) <= (is_bf16<T> ? 2e-2 : 1e-4));
     CHECK(rc.step == rd.step);
