@@ -104,10 +104,12 @@ int main(int argc, char** argv) {
                cqk::max_threads());
 
   benchmark::RegisterBenchmark("sgemm", sgemm_benchmark)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
-  const char* variants[] = {"standard", "leapfrog", "euler", "uncoupled", "diff", "diff-leapfrog", "diff-euler", "diff-uncoupled"};
-  for (const char* v : variants)
+  for (const std::string& v : cqk::attention_names())
     for (int steps : {1, 3}) {
-      if ((std::string(v) == "standard" || std::string(v) == "diff") && steps != 1) continue;
+      const bool has_dynamics = cqk::with_variant(v, 1, [](auto integrator, auto) {
+        return decltype(integrator)::type::has_dynamics;
+      });
+      if (!has_dynamics && steps != 1) continue;
       for (bool bwd : {false, true})
         for (int D : {256, 512})
           for (int T : {128, 256, 512, 1024}) {
@@ -115,7 +117,7 @@ int main(int argc, char** argv) {
             const std::string name = std::string("layer/") + v + "/" + std::to_string(steps) + "/" +
                                      (bwd ? "fwdbwd" : "fwd") + "/B" + std::to_string(B) + "/T" + std::to_string(T) +
                                      "/D" + std::to_string(D);
-            benchmark::RegisterBenchmark(name.c_str(), layer_benchmark, std::string(v), steps, bwd, B, T, D)
+            benchmark::RegisterBenchmark(name.c_str(), layer_benchmark, v, steps, bwd, B, T, D)
                 ->Unit(benchmark::kMillisecond)
                 ->UseRealTime()
                 ->MinTime(0.5);

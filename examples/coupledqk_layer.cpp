@@ -34,8 +34,20 @@ namespace {
 
 namespace io = coupledqk::io;
 
-const char* const usage_text =
-    "usage: coupledqk-layer INPUT.safetensors OUTPUT.safetensors [--recompute]\n"
+/// The variants whose integrator is reversible (DynamicsMemory::recompute), from the variant table.
+std::string reversible_variants() {
+  std::vector<std::string> out;
+  for (const auto& name : coupledqk::attention_names())
+    if (coupledqk::with_variant(name, 1, [](auto integrator, auto) {
+          using I = typename decltype(integrator)::type;
+          return I::is_reversible && I::has_dynamics;
+        }))
+      out.push_back(name);
+  return coupledqk::join_names(out);
+}
+
+std::string usage_text() {
+  return "usage: coupledqk-layer INPUT.safetensors OUTPUT.safetensors [--recompute]\n"
     "\n"
     "Runs one coupledqk attention layer forward and backward on the case in INPUT and writes\n"
     "y and the gradients of sum(y * dy) to OUTPUT.\n"
@@ -46,8 +58,7 @@ const char* const usage_text =
     "  dyn.*            dynamics parameters of the variant (none for standard and diff)\n"
     "  lq1, lk1, lq2, lk2 [d], subln [2d]   differential variants only (d = D/H)\n"
     "INPUT metadata (string values):\n"
-    "  attention    standard | leapfrog | euler | uncoupled | diff | diff-leapfrog | diff-euler |\n"
-    "               diff-uncoupled\n"
+    "  attention    " + coupledqk::builtin_variants.names_joined(" | ") + "\n"
     "  steps        integration steps, 1..7\n"
     "  heads        H (D must be divisible by H; even for the differential variants)\n"
     "  m            dynamics hidden width (optional; 0 or absent: D/H)\n"
@@ -57,11 +68,12 @@ const char* const usage_text =
     "\n"
     "options:\n"
     "  --recompute  rebuild the dynamics' states in backward instead of storing them\n"
-    "               (reversible integrators only: leapfrog, diff-leapfrog, and the variants\n"
-    "               without dynamics)\n"
+    "               (reversible integrators only: " + reversible_variants() + ",\n"
+    "               and the variants without dynamics)\n"
     "  -h, --help   show this help\n"
     "\n"
     "exit status: 0 success, 1 error, 2 usage error\n";
+}
 
 /// "safetensors file 'PATH': ", the prefix of every message about the input.
 std::string in_file(const std::string& path) { return "safetensors file '" + path + "': "; }
@@ -116,7 +128,7 @@ long long metadata_integer(const io::file& f, const std::string& key, const std:
     std::vector<std::string> keys;
     for (const auto& kv : f.metadata) keys.push_back(kv.first);
     throw coupledqk::io_error(where + " is missing; expected " + accepted +
-                              " (metadata keys present: " + coupledqk::join(keys) + ")");
+                              " (metadata keys present: " + coupledqk::join_names(keys) + ")");
   }
   const std::string& s = *value;
   std::size_t i = (!s.empty() && s[0] == '-') ? 1 : 0;
@@ -149,8 +161,8 @@ case_settings read_settings(const io::file& f) {
     std::vector<std::string> keys;
     for (const auto& kv : f.metadata) keys.push_back(kv.first);
     throw coupledqk::io_error(in_file(f.source) + "metadata 'attention' is missing; expected one of " +
-                              coupledqk::join(coupledqk::attention_names()) +
-                              " (metadata keys present: " + coupledqk::join(keys) + ")");
+                              coupledqk::builtin_variants.names_joined() +
+                              " (metadata keys present: " + coupledqk::join_names(keys) + ")");
   }
   c.attention = *attention;
   const long long int_max = std::numeric_limits<int>::max();
@@ -205,8 +217,8 @@ void run(const io::file& in, const case_settings& settings, bool recompute, cons
     if (!accepted_set.count(t.name)) extra.push_back(t.name);
   if (!extra.empty())
     throw coupledqk::io_error(in_file(in.source) + "unexpected tensor" + (extra.size() > 1 ? "s " : " ") +
-                              coupledqk::join(extra) + " for attention '" + settings.attention +
-                              "'; accepted: " + coupledqk::join(accepted));
+                              coupledqk::join_names(extra) + " for attention '" + settings.attention +
+                              "'; accepted: " + coupledqk::join_names(accepted));
   io::load_into(in, params);
   layer->check_parameters();
 
@@ -233,11 +245,11 @@ int main(int argc, char** argv) {
   try {
     opts = parse_arguments(argc, argv);
   } catch (const usage_error& e) {
-    std::cerr << "coupledqk-layer: error: " << e.what() << "\n\n" << usage_text;
+    std::cerr << "coupledqk-layer: error: " << e.what() << "\n\n" << usage_text();
     return 2;
   }
   if (opts.help) {
-    std::cout << usage_text;
+    std::cout << usage_text();
     return 0;
   }
   try {

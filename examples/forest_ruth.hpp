@@ -6,9 +6,15 @@
 //
 //     #include "forest_ruth.hpp"
 //     coupledqk::Attention<double, ForestRuth<2>, coupledqk::Softmax> layer(config, seed);
+//
+// Its run-time names come from the user's own variant table (forest_ruth_variants below), which
+// make_attention, make_gpt and visit_gpt take in place of the built-in one:
+//
+//     auto layer = coupledqk::make_attention<double>(forest_ruth_variants, "forest-ruth", 2, config);
 #pragma once
 
 #include <coupledqk/integrators/splitting.hpp>
+#include <coupledqk/registry.hpp>
 
 struct ForestRuthScheme {
   static constexpr double theta = 1.0 / (2.0 - 1.2599210498948731647672106);  // 2^(1/3)
@@ -27,3 +33,10 @@ struct ForestRuthScheme {
 
 template <int Steps>
 struct ForestRuth : coupledqk::SymplecticSplitting<ForestRuthScheme, Steps> {};
+
+/// The user's variant table: its own names, mapped onto its own policies (built-in names can be
+/// added with coupledqk::builtin_variants.with(...)).
+inline constexpr coupledqk::VariantTable forest_ruth_variants{
+    coupledqk::variant<ForestRuth, coupledqk::Softmax>("forest-ruth"),
+    coupledqk::variant<ForestRuth, coupledqk::Differential>("diff-forest-ruth"),
+};

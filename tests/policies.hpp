@@ -1,4 +1,5 @@
-// The policy lists every typed test runs over. A new integrator is tested by adding it here.
+// The policy lists every typed test runs over. They follow from the variant table (registry.hpp):
+// a variant added there is tested at steps 1, 2, 3 and 7 with every scoring.
 #pragma once
 
 #include <tuple>
@@ -9,12 +10,10 @@ namespace cqk_test {
 
 using namespace coupledqk;
 
-using Integrators = std::tuple<Identity,                                          //
-                               Leapfrog<1>, Leapfrog<2>, Leapfrog<3>, Leapfrog<7>,  //
-                               Euler<1>, Euler<2>, Euler<3>, Euler<7>,              //
-                               Uncoupled<1>, Uncoupled<2>, Uncoupled<3>, Uncoupled<7>>;
-
-using Scorings = std::tuple<Softmax, Differential>;
+using Table = std::decay_t<decltype(builtin_variants)>;
+using Integrators = table_integrators<Table, 1, 2, 3, 7>;
+using Scorings = table_scorings<Table>;
+// (for the built-in table: Identity, Leapfrog<1, 2, 3, 7>, Euler<...>, Uncoupled<...>; Softmax, Differential)
 
 /// One layer configuration under test.
 template <class I, class Sc, DynamicsMemory M = DynamicsMemory::store>

@@ -16,6 +16,11 @@
 #include <unistd.h>
 #endif
 
+namespace coupledqk {
+template std::unique_ptr<AnyGpt<float>> make_gpt<float>(const GptConfig&, std::uint64_t);
+template std::unique_ptr<Decoder<float>> make_decoder<float>(AnyGpt<float>&);
+}  // namespace coupledqk
+
 namespace coupledqk::train {
 
 namespace {
@@ -90,10 +95,6 @@ std::string temp_path_for_tokenizer() {
 }
 
 }  // namespace
-
-std::unique_ptr<Model> build_model(const GptConfig& config, std::uint64_t seed) {
-  return make_gpt<float>(config, seed);
-}
 
 std::vector<TensorView<float>> prefixed(std::vector<TensorView<float>> views, const std::string& prefix) {
   for (auto& v : views) v.name = prefix + v.name;
@@ -331,7 +332,7 @@ void restore_optimizer(const Checkpoint& ckpt, AdamW<float>& optimizer) {
 std::unique_ptr<Model> load_model(const Checkpoint& ckpt) {
   std::unique_ptr<Model> model;
   try {
-    model = build_model(ckpt.info.run.model, 0);
+    model = make_gpt<float>(ckpt.info.run.model, 0);
   } catch (const std::exception& e) {
     throw io_error(where(ckpt.file.source) + "cannot build its model: " + e.what());
   }

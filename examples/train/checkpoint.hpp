@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <coupledqk/io/safetensors.hpp>
+#include <coupledqk/model/decoder.hpp>
 #include <coupledqk/model/gpt.hpp>
 #include <coupledqk/optim/adamw.hpp>
 
@@ -30,9 +31,17 @@ namespace coupledqk::train {
 
 using Model = AnyGpt<float>;
 
-/// make_gpt<float>(config, seed). The one function that instantiates every registry variant
-/// (44 compiled models): everything else calls it, so only checkpoint.cpp pays that compile time.
-std::unique_ptr<Model> build_model(const GptConfig& config, std::uint64_t seed);
+}  // namespace coupledqk::train
+
+// The library's model construction by name (model/gpt.hpp) and decoder (model/decoder.hpp) compile
+// every built-in variant; they are instantiated once, in checkpoint.cpp, and declared here so that
+// no other file of the example pays that compile time again.
+namespace coupledqk {
+extern template std::unique_ptr<AnyGpt<float>> make_gpt<float>(const GptConfig&, std::uint64_t);
+extern template std::unique_ptr<Decoder<float>> make_decoder<float>(AnyGpt<float>&);
+}  // namespace coupledqk
+
+namespace coupledqk::train {
 
 /// The format name and version in the "coupledqk" metadata.
 inline constexpr const char* checkpoint_format = "coupledqk-train-checkpoint";

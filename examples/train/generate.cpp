@@ -5,115 +5,12 @@
 #include <cmath>
 #include <numeric>
 
-#include <coupledqk/autodiff/kernels.hpp>
+#include <coupledqk/model/decoder.hpp>
 
+#include "progress.hpp"
 #include "trainer.hpp"
 
 namespace coupledqk::train {
-
-namespace {
-
-/// A [D] vector as the [1, D] row the kernels take.
-ConstMatrixMap<float> row_of(const Vector<float>& v) { return ConstMatrixMap<float>(v.data(), 1, v.size()); }
-
-/// The decoder of a compiled model Gpt<float, I, Sc>:
-///   x  = wte[id] + wpe[pos]                                                        [1, D]
-///   x += attn_l.decode(ln1_l(x), cache_l);  x += proj_l(gelu(fc_l(ln2_l(x))))     per block
-///   logits = ln_f(x) wte^T                                                         [1, V]
-template <class G>
-class DecoderImpl final : public Decoder {
- public:
-  explicit DecoderImpl(G& model) : model_(model) { reset(); }
-
-  Vector<float> next(std::int32_t id) override {
-    const GptConfig& c = model_.config();
-    require(pos_ < c.context, "decoder: the context of ", c.context, " tokens is full; reset() or start again");
-    require(id >= 0 && id < c.vocab, "decoder: token id ", id, " is outside the vocabulary [0, ", c.vocab, ")");
-    const GptTensors<float>& p = model_.tensors();
-    x_ = p.wte.row(id) + p.wpe.row(pos_);
-    for (Index l = 0; l < c.layers; ++l) {
-      const GptBlock<float>& b = p.h[static_cast<std::size_t>(l)];
-      kernels::layer_norm_forward<float>(x_, row_of(b.ln1_g), row_of(b.ln1_b), a_, nullptr);
-      x_ += model_.layer(l).decode(a_, caches_[static_cast<std::size_t>(l)]);
-      kernels::layer_norm_forward<float>(x_, row_of(b.ln2_g), row_of(b.ln2_b), a_, nullptr);
-      h_.noalias() = a_ * b.fc_w;                                          // [1, 4D]
-      h_ += row_of(b.fc_b);
-      h_ = h_.unaryExpr([](float v) { return kernels::gelu(v); });
-      x_.noalias() += h_ * b.proj_w;                                       // [1, D]
-      x_ += row_of(b.proj_b);
-    }
-    kernels::layer_norm_forward<float>(x_, row_of(p.lnf_g), row_of(p.lnf_b), a_, nullptr);
-    ++pos_;
-    return (p.wte * a_.transpose());  // [V, 1]: the tied output embedding
-  }
-
-  void reset() override {
-    const GptConfig& c = model_.config();
-    caches_.clear();
-    for (Index l = 0; l < c.layers; ++l) caches_.push_back(model_.layer(l).make_cache(1, c.context));
-    pos_ = 0;
-    x_.resize(1, c.dim);
-    a_.resize(1, c.dim);
-  }
-
-  Index position() const override { return pos_; }
-  Index capacity() const override { return model_.config().context; }
-
- private:
-  G& model_;
-  std::vector<typename G::Layer::KVCache> caches_;
-  Index pos_ = 0;
-  Matrix<float> x_, a_, h_;  // residual stream, normalised input, MLP hidden
-};
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
-std::unique_ptr<Decoder> make_decoder(Model& model) {
-  return visit_gpt(model, [](auto& g) -> std::unique_ptr<Decoder> {
-    return std::make_unique<DecoderImpl<std::decay_t<decltype(g)>>>(g);
-  });
-}
-
-Matrix<float> incremental_logits(Model& model, const std::vector<std::int32_t>& ids) {
-  auto dec = make_decoder(model);
-  require(static_cast<Index>(ids.size()) <= dec->capacity(), "incremental_logits: ", ids.size(),
-          " ids exceed the context of ", dec->capacity());
-  Matrix<float> out(static_cast<Index>(ids.size()), model.config().vocab);
-  for (std::size_t i = 0; i < ids.size(); ++i) out.row(static_cast<Index>(i)) = dec->next(ids[i]).transpose();
-  return out;
-}
-
-std::int32_t sample_token(const Vector<float>& logits, double temperature, Index top_k, Rng& rng) {
-  const Index V = logits.size();
-  require(V > 0, "sample_token: no logits");
-  if (temperature <= 0) {
-    Index best = 0;
-    for (Index i = 1; i < V; ++i)
-      if (logits[i] > logits[best]) best = i;
-    return static_cast<std::int32_t>(best);
-  }
-  const Index k = top_k > 0 ? std::min(top_k, V) : V;
-  std::vector<Index> order(static_cast<std::size_t>(V));
-  std::iota(order.begin(), order.end(), Index(0));
-  // Largest first; ties by id, so the choice never depends on the sort's implementation.
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](Index a, Index b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  const double top = static_cast<double>(logits[order[0]]);
-  std::vector<double> w(static_cast<std::size_t>(k));
-  double sum = 0;
-  for (Index i = 0; i < k; ++i) sum += (w[static_cast<std::size_t>(i)] = std::exp((logits[order[static_cast<std::size_t>(i)]] - top) / temperature));
-  double u = rng.uniform() * sum;
-  for (Index i = 0; i < k; ++i) {
-    u -= w[static_cast<std::size_t>(i)];
-    if (u < 0) return static_cast<std::int32_t>(order[static_cast<std::size_t>(i)]);
-  }
-  return static_cast<std::int32_t>(order[static_cast<std::size_t>(k - 1)]);
-}
 
 Generation generate(Model& model, const Tokenizer& tok, const GenerateOptions& o) {
   require(o.tokens >= 0, "--tokens must be >= 0; got ", o.tokens);

@@ -21,10 +21,6 @@ namespace coupledqk::train {
 
 namespace {
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 bool is_terminal(std::FILE* f) {
 #if COUPLEDQK_HAVE_ISATTY
   return ::isatty(::fileno(f)) != 0;
@@ -45,6 +41,10 @@ constexpr double kLineInterval = 10.0;
 constexpr double kBarInterval = 0.1;
 
 }  // namespace
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";

@@ -74,6 +74,9 @@ class Progress {
 
 /// "1h02m", "3m07s", "12s", "0.4s".
 std::string format_duration(double seconds);
+
+/// Seconds on a monotonic clock (differences only).
+double now_seconds();
 /// "12.3k", "1.25M", "950".
 std::string format_count(double value);
 

@@ -23,10 +23,6 @@ namespace coupledqk::train {
 
 namespace {
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 std::string cache_of(const TrainOptions& o) { return o.cache_dir.empty() ? default_cache_dir() : o.cache_dir; }
 
 /// The batch sampler's seed: derived from the run's seed, distinct from the model's initialisation.
@@ -224,7 +220,7 @@ void validate(const TrainOptions& o) {
 void preflight(const TrainOptions& o) {
   namespace fs = std::filesystem;
   validate(o);
-  build_model(model_config(o), o.seed);  // unknown variant, step count, sizes the layer rejects
+  make_gpt<float>(model_config(o), o.seed);  // unknown variant, step count, sizes the layer rejects
   if (o.device == "cuda") require_cuda_device();
   if (!o.metrics.empty()) {
     const fs::path p(o.metrics);
@@ -397,7 +393,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   require(data.streams.valid.size() >= 2 && data.streams.test.size() >= 2, "the validation and test splits hold ",
           data.streams.valid.size(), " and ", data.streams.test.size(), " tokens; each needs at least 2");
 
-  auto model = build_model(model_config(o), o.seed);
+  auto model = make_gpt<float>(model_config(o), o.seed);
   r.config = model->config();
   r.params = model->parameter_report();
   r.device = o.device;
@@ -649,8 +645,7 @@ std::vector<FlagSpec> train_flags(TrainOptions& o, bool run_flags) {
                           "<source>/.cache)", &o.cache_dir});
   f.push_back({"--vocab", "SentencePiece BPE vocabulary size V", &o.vocab});
   if (run_flags) {
-    f.push_back({"--attention", "attention variant: standard, leapfrog, euler, uncoupled, diff, diff-leapfrog, "
-                                "diff-euler, diff-uncoupled", &o.attention});
+    f.push_back({"--attention", "attention variant: " + builtin_variants.names_joined(), &o.attention});
     f.push_back({"--steps", "integration sub-steps N of the dynamics (1..7)", &o.steps});
   }
   f.push_back({"--m", "dynamics hidden width m (0: D/H)", &o.hidden});

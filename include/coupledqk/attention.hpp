@@ -6,7 +6,7 @@
 //     Y        = O Wo
 //
 // Attention<Scalar, Integrator, Scoring>: the integrator and the scoring are compile-time policies
-// (integrators/policy.hpp, scoring/*.hpp). Forward and backward are side by side below.
+// (integrators/policy.hpp, scoring/policy.hpp). Forward and backward are side by side below.
 #pragma once
 
 #include <cmath>
@@ -21,7 +21,7 @@
 #include "core/random.hpp"
 #include "core/types.hpp"
 #include "integrators/policy.hpp"
-#include "scoring/causal_softmax.hpp"
+#include "scoring/policy.hpp"
 
 namespace coupledqk {
 
@@ -74,6 +74,7 @@ template <class S, class Integrator, class Scoring>
 class Attention {
   static_assert(std::is_floating_point_v<S>, "Attention: Scalar must be float or double");
   static_assert(CheckIntegrator<Integrator>::value, "Attention: the integrator policy is incomplete");
+  static_assert(CheckScoring<Scoring>::value, "Attention: the scoring policy is incomplete");
 
  public:
   using scalar = S;
@@ -114,7 +115,7 @@ class Attention {
     Matrix<S> o;        // [B*T, D] scoring output                -> grad of Wo
     Vector<S> tau;      // [B*T*H] integration time of each pair
     std::vector<Vector<S>> chunk_tau;     // tau of each chunk of pairs (dynamics_chunk pairs)
-    std::vector<StateTrace<S>> dynamics;  // per chunk of pairs: per-sub-step states (empty in recompute
+    std::vector<trace_of<Integrator, S>> dynamics;  // per chunk of pairs: per-sub-step states (empty in recompute
                                           // mode) and the integrator's scratch
     typename Scoring::template saved<S> scoring;
     // backward's workspace (mutable: not part of what the forward kept)
@@ -125,11 +126,7 @@ class Attention {
   };
 
   explicit Attention(const AttentionConfig& config, std::uint64_t seed = 0) : config_(config) {
-    validate(config_);
-    Scoring::validate(scoring_shape(1, 1));
-    require(config_.memory == DynamicsMemory::store || Integrator::is_reversible,
-            "attention: DynamicsMemory::recompute needs a reversible integrator; '", Integrator::name,
-            "' is not (reversible: leapfrog and other splitting methods)");
+    check_config(config_);
     Rng rng(seed);
     const Index D = config_.dim;
     for (Matrix<S>* w : {&params.wq, &params.wk, &params.wv, &params.wo}) {
@@ -137,11 +134,47 @@ class Attention {
       rng.fill_normal(*w, config_.init_std);
     }
     if constexpr (Integrator::has_dynamics) {
-      DynamicsShape shape{config_.head_dim(), config_.hidden_width(), config_.dynamics_init_scale};
-      params.dyn = Integrator::template make_parameters<S>(shape, rng);
+      params.dyn = Integrator::template make_parameters<S>(dynamics_shape(config_), rng);
       params.rho = Vector<S>::Constant(config_.heads, S(softplus_inverse(config_.init_time)));
     }
     params.score = Scoring::template make_parameters<S>(scoring_shape(1, 1), rng);
+  }
+
+  /// Throws a descriptive coupledqk::invalid_argument unless this layer can take `config` (its
+  /// sizes, the scoring's shape rules, recompute only for reversible integrators).
+  static void check_config(const AttentionConfig& config) {
+    validate(config);
+    Scoring::validate(scoring_shape(config, 1, 1));
+    require(config.memory == DynamicsMemory::store || Integrator::is_reversible,
+            "attention: DynamicsMemory::recompute needs a reversible integrator; '", Integrator::name,
+            "' is not (reversible: leapfrog and other splitting methods)");
+  }
+
+  /// How many scalars each part of the parameters holds, in visit order: wq wk wv wo, dyn.*,
+  /// dyn.rho, the scoring's.
+  struct ParameterLayout {
+    Index projections = 0, dynamics = 0, rho = 0, scoring = 0;
+    Index total() const { return projections + dynamics + rho + scoring; }
+  };
+
+  /// The layout and the tensors' names and shapes for `config`, from the shapes alone: no layer is
+  /// built and no projection weight is drawn (the device code lays out its flat buffers with it).
+  static ParameterLayout parameter_layout(const AttentionConfig& config) {
+    const Parameters p = shaped_parameters(config);
+    ParameterLayout l;
+    l.projections = 4 * config.dim * config.dim;
+    if constexpr (Integrator::has_dynamics) {
+      l.dynamics = count_parameters(p.dyn);
+      l.rho = p.rho.size();
+    }
+    l.scoring = count_parameters(p.score);
+    return l;
+  }
+  static std::vector<TensorSpec> parameter_specs(const AttentionConfig& config) {
+    const Parameters p = shaped_parameters(config);
+    std::vector<TensorSpec> out;
+    p.visit([&](const char* name, const auto& t) { out.push_back(TensorSpec{name, shape_of(t)}); });
+    return out;
   }
 
   const AttentionConfig& config() const { return config_; }
@@ -343,9 +376,27 @@ class Attention {
   static constexpr Index dynamics_chunk = 256;
 
  private:
-  ScoringShape scoring_shape(Index batch, Index seq) const {
-    return ScoringShape{batch, seq, config_.heads, config_.head_dim(), config_.layer_index,
-                        config_.reference_kernels};
+  ScoringShape scoring_shape(Index batch, Index seq) const { return scoring_shape(config_, batch, seq); }
+  static ScoringShape scoring_shape(const AttentionConfig& c, Index batch, Index seq) {
+    return ScoringShape{batch, seq, c.heads, c.head_dim(), c.layer_index, c.reference_kernels};
+  }
+
+  /// Parameters with every shape of `config`; the projections are left unset (uninitialised),
+  /// the small dynamics and scoring tensors drawn from a fixed seed.
+  static Parameters shaped_parameters(const AttentionConfig& config) {
+    check_config(config);
+    Parameters p;
+    for (Matrix<S>* w : {&p.wq, &p.wk, &p.wv, &p.wo}) w->resize(config.dim, config.dim);
+    Rng rng(0);
+    if constexpr (Integrator::has_dynamics) {
+      p.dyn = Integrator::template make_parameters<S>(dynamics_shape(config), rng);
+      p.rho.resize(config.heads);
+    }
+    p.score = Scoring::template make_parameters<S>(scoring_shape(config, 1, 1), rng);
+    return p;
+  }
+  static DynamicsShape dynamics_shape(const AttentionConfig& c) {
+    return DynamicsShape{c.head_dim(), c.hidden_width(), c.dynamics_init_scale};
   }
 
   AttentionConfig config_;

@@ -17,5 +17,6 @@
 #include "integrators/uncoupled.hpp"
 #include "registry.hpp"
 #include "scoring/differential.hpp"
+#include "scoring/policy.hpp"
 #include "scoring/softmax.hpp"
 #include "version.hpp"

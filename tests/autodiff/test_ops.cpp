@@ -2,7 +2,7 @@
 // attention node against the same, the tied-parameter accumulation, and the tape's mechanics.
 #include <doctest/doctest.h>
 
-#include <coupledqk/autodiff/attention_op.hpp>
+#include <coupledqk/model/attention_op.hpp>
 #include <coupledqk/registry.hpp>
 
 #include "helpers.hpp"

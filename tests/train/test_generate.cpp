@@ -45,7 +45,7 @@ TEST_CASE("incremental logits (KV cache of evolved keys) == full-forward logits,
   for (const auto& [name, steps] : variants) {
     CAPTURE(name);
     CAPTURE(steps);
-    auto model = build_model(small_config(name, steps), 11);
+    auto model = make_gpt<float>(small_config(name, steps), 11);
     Tape<float> tape;
     const Matrix<float> full = model->logits(tape, ids, 1);  // [24, 53]
     const Matrix<float> inc = incremental_logits(*model, ids);
@@ -62,7 +62,7 @@ TEST_CASE("incremental logits (KV cache of evolved keys) == full-forward logits,
 }
 
 TEST_CASE("the decoder refuses a full context and ids outside the vocabulary; reset() starts over") {
-  auto model = build_model(small_config("leapfrog", 1), 2);
+  auto model = make_gpt<float>(small_config("leapfrog", 1), 2);
   auto dec = make_decoder(*model);
   CHECK(dec->capacity() == 24);
   CHECK(contains(error_of<invalid_argument>([&] { dec->next(53); }), "outside the vocabulary"));

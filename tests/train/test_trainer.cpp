@@ -429,11 +429,11 @@ TEST_CASE("same seed, different variants: the shared weights start equal (compar
   c.layers = 2;
   c.heads = 4;
   c.context = 16;
-  auto standard = build_model(c, 7);
+  auto standard = make_gpt<float>(c, 7);
   c.attention = "leapfrog";
   c.steps = 3;
   c.dynamics_init_scale = 0.1;
-  auto leapfrog = build_model(c, 7);
+  auto leapfrog = make_gpt<float>(c, 7);
   std::map<std::string, std::vector<float>> shared;
   for (const auto& v : standard->parameters()) shared[v.name].assign(v.data, v.data + v.size());
   int same = 0, dynamics = 0;

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace coupledqk {
 
@@ -36,6 +37,14 @@ std::string concat(Parts&&... parts) {
 template <class... Parts>
 void require(bool ok, Parts&&... parts) {
   if (!ok) throw invalid_argument(detail::concat(std::forward<Parts>(parts)...));
+}
+
+/// Names joined by ", " for messages ("(none)" when there are none).
+inline std::string join_names(const std::vector<std::string>& names) {
+  if (names.empty()) return "(none)";
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
 }
 
 }  // namespace coupledqk

@@ -5,12 +5,6 @@
 
 #ifdef _OPENMP
 #include <omp.h>
-#define COUPLEDQK_PRAGMA(x) _Pragma(#x)
-/// A parallel for over independent iterations (each iteration writes its own outputs). The library
-/// itself uses parallel_for / parallel_rows below instead.
-#define COUPLEDQK_PARALLEL_FOR COUPLEDQK_PRAGMA(omp parallel for schedule(dynamic, 1))
-#else
-#define COUPLEDQK_PARALLEL_FOR
 #endif
 
 #include <Eigen/Core>

@@ -59,6 +59,18 @@ struct TensorView {
   }
 };
 
+/// The name and logical shape of a tensor, without its data (layouts computed from shapes alone).
+struct TensorSpec {
+  std::string name;
+  std::vector<Index> shape;
+
+  Index size() const {
+    Index n = 1;
+    for (Index s : shape) n *= s;
+    return n;
+  }
+};
+
 /// Logical shape of a parameter tensor: [n] for vectors, [rows, cols] for matrices.
 template <class Dense>
 std::vector<Index> shape_of(const Dense& t) {

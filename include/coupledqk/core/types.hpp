@@ -24,6 +24,11 @@ template <class S>
 using MatrixMap = Eigen::Map<Matrix<S>>;
 template <class S>
 using ConstMatrixMap = Eigen::Map<const Matrix<S>>;
+/// A block of a row-major matrix (e.g. one head's columns of [B*T, D] rows).
+template <class S>
+using ConstBlockRef = Eigen::Ref<const Matrix<S>, 0, Eigen::OuterStride<>>;
+template <class S>
+using BlockRef = Eigen::Ref<Matrix<S>, 0, Eigen::OuterStride<>>;
 
 /// What the backward of the dynamics keeps from the forward.
 enum class DynamicsMemory {

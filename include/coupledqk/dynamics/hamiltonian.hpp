@@ -9,16 +9,10 @@
 
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
+#include "../integrators/policy.hpp"
 #include "tanh_map.hpp"
 
 namespace coupledqk {
-
-/// Sizes and initial scales for the dynamics of one layer.
-struct DynamicsShape {
-  Index head_dim = 0;            ///< d
-  Index hidden = 0;              ///< m
-  double init_scale = 0.0;       ///< std of a, c (and P2 for Uncoupled) at init; 0 = exact standard attention
-};
 
 template <class S>
 struct HamiltonianParameters : NamedTensors<HamiltonianParameters<S>> {
@@ -51,55 +45,59 @@ struct HamiltonianParameters : NamedTensors<HamiltonianParameters<S>> {
   }
 };
 
-/// Batched Hamiltonian pieces over [P, d] rows of positions q or momenta k.
-template <class S>
-struct Hamiltonian {
-  using Params = HamiltonianParameters<S>;
+/// The learned tanh Hamiltonian, batched over [P, d] rows of positions q or momenta k. It is the
+/// default Hamiltonian of the splitting methods (integrators/splitting.hpp) and of Euler. Another
+/// separable Hamiltonian is a struct with the same members:
+///
+///   template <class S> using parameters = ...;       // named tensors
+///   template <class S> struct workspace;             // what a gradient keeps for its vjp + buffers
+///   template <class S> static parameters<S> make_parameters(const DynamicsShape&, Rng&);
+///   grad_potential(p, q, out, ws), grad_kinetic(p, k, out, ws)      out [P, d] written (=)
+///   grad_potential_vjp(p, q, ws, gbar, qbar, grad), grad_kinetic_vjp(p, k, ws, gbar, kbar, grad)
+///       given the ws of the matching gradient call: qbar/kbar [P, d] and grad accumulate (+=)
+///   energy(p, q, k)                                   H per row, [P] (for the physics checks)
+struct TanhHamiltonian {
+  template <class S>
+  using parameters = HamiltonianParameters<S>;
 
-  /// grad V(q) per row; `act` keeps tanh(q W^T + b) for potential_vjp. The overloads with a
-  /// TanhScratch reuse its buffers (no allocation call after call).
-  static void grad_potential(const Params& p, const ConstMatrixRef<S>& q, Matrix<S>& act, Matrix<S>& out) {
-    TanhScratch<S> ws;
-    grad_potential(p, q, act, out, ws);
+  /// act = tanh(q W^T + b) (or of k with U, e) of the last gradient call, for its vjp.
+  template <class S>
+  struct workspace {
+    Matrix<S> act;
+    TanhScratch<S> tanh;
+  };
+
+  template <class S>
+  static parameters<S> make_parameters(const DynamicsShape& shape, Rng& rng) {
+    return parameters<S>(shape, rng);
   }
-  static void grad_potential(const Params& p, const ConstMatrixRef<S>& q, Matrix<S>& act, Matrix<S>& out,
-                             TanhScratch<S>& ws) {
-    TanhMap<S>::apply(q, p.W, p.b, &p.a, p.W, act, out, ws);
+
+  /// grad V(q) = W^T (a * tanh(W q + b)) per row.
+  template <class S>
+  static void grad_potential(const parameters<S>& p, const ConstMatrixRef<S>& q, Matrix<S>& out, workspace<S>& ws) {
+    TanhMap<S>::apply(q, p.W, p.b, &p.a, p.W, ws.act, out, ws.tanh);
   }
-  /// grad T(k) per row.
-  static void grad_kinetic(const Params& p, const ConstMatrixRef<S>& k, Matrix<S>& act, Matrix<S>& out) {
-    TanhScratch<S> ws;
-    grad_kinetic(p, k, act, out, ws);
-  }
-  static void grad_kinetic(const Params& p, const ConstMatrixRef<S>& k, Matrix<S>& act, Matrix<S>& out,
-                           TanhScratch<S>& ws) {
-    TanhMap<S>::apply(k, p.U, p.e, &p.c, p.U, act, out, ws);
+  /// grad T(k) = U^T (c * tanh(U k + e)) per row.
+  template <class S>
+  static void grad_kinetic(const parameters<S>& p, const ConstMatrixRef<S>& k, Matrix<S>& out, workspace<S>& ws) {
+    TanhMap<S>::apply(k, p.U, p.e, &p.c, p.U, ws.act, out, ws.tanh);
   }
   /// Cotangent of grad V(q): accumulates into qbar and the gradients of W, b, a.
-  static void grad_potential_vjp(const Params& p, const ConstMatrixRef<S>& q, const Matrix<S>& act,
-                                 const ConstMatrixRef<S>& gbar, MatrixRef<S> qbar, Params& grad) {
-    TanhScratch<S> ws;
-    grad_potential_vjp(p, q, act, gbar, qbar, grad, ws);
-  }
-  static void grad_potential_vjp(const Params& p, const ConstMatrixRef<S>& q, const Matrix<S>& act,
-                                 const ConstMatrixRef<S>& gbar, MatrixRef<S> qbar, Params& grad,
-                                 TanhScratch<S>& ws) {
-    TanhMap<S>::vjp(q, act, p.W, &p.a, p.W, gbar, qbar, grad.W, grad.b, &grad.a, grad.W, ws);
+  template <class S>
+  static void grad_potential_vjp(const parameters<S>& p, const ConstMatrixRef<S>& q, workspace<S>& ws,
+                                 const ConstMatrixRef<S>& gbar, MatrixRef<S> qbar, parameters<S>& grad) {
+    TanhMap<S>::vjp(q, ws.act, p.W, &p.a, p.W, gbar, qbar, grad.W, grad.b, &grad.a, grad.W, ws.tanh);
   }
   /// Cotangent of grad T(k): accumulates into kbar and the gradients of U, e, c.
-  static void grad_kinetic_vjp(const Params& p, const ConstMatrixRef<S>& k, const Matrix<S>& act,
-                               const ConstMatrixRef<S>& gbar, MatrixRef<S> kbar, Params& grad) {
-    TanhScratch<S> ws;
-    grad_kinetic_vjp(p, k, act, gbar, kbar, grad, ws);
-  }
-  static void grad_kinetic_vjp(const Params& p, const ConstMatrixRef<S>& k, const Matrix<S>& act,
-                               const ConstMatrixRef<S>& gbar, MatrixRef<S> kbar, Params& grad,
-                               TanhScratch<S>& ws) {
-    TanhMap<S>::vjp(k, act, p.U, &p.c, p.U, gbar, kbar, grad.U, grad.e, &grad.c, grad.U, ws);
+  template <class S>
+  static void grad_kinetic_vjp(const parameters<S>& p, const ConstMatrixRef<S>& k, workspace<S>& ws,
+                               const ConstMatrixRef<S>& gbar, MatrixRef<S> kbar, parameters<S>& grad) {
+    TanhMap<S>::vjp(k, ws.act, p.U, &p.c, p.U, gbar, kbar, grad.U, grad.e, &grad.c, grad.U, ws.tanh);
   }
 
   /// H(q, k) for each row: [P].
-  static Vector<S> energy(const Params& p, const ConstMatrixRef<S>& q, const ConstMatrixRef<S>& k) {
+  template <class S>
+  static Vector<S> energy(const parameters<S>& p, const ConstMatrixRef<S>& q, const ConstMatrixRef<S>& k) {
     Vector<S> h = Vector<S>::Zero(q.rows());
     Matrix<S> zq = q * p.W.transpose();
     zq.rowwise() += p.b.transpose();

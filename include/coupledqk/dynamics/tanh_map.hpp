@@ -27,11 +27,6 @@ struct TanhMap {
   /// Forward. `act` receives tanh(x A^T + bias) [P, r] (needed by vjp); `y` is written (=).
   /// `scale` may be null (all ones).
   static void apply(const ConstMatrixRef<S>& x, const Matrix<S>& A, const Vector<S>& bias,
-                    const Vector<S>* scale, const Matrix<S>& B, Matrix<S>& act, Matrix<S>& y) {
-    TanhScratch<S> ws;
-    apply(x, A, bias, scale, B, act, y, ws);
-  }
-  static void apply(const ConstMatrixRef<S>& x, const Matrix<S>& A, const Vector<S>& bias,
                     const Vector<S>* scale, const Matrix<S>& B, Matrix<S>& act, Matrix<S>& y,
                     TanhScratch<S>& ws) {
     act.resize(x.rows(), A.rows());
@@ -51,13 +46,6 @@ struct TanhMap {
   /// Vector-Jacobian product for the cotangent `ybar` [P, d] of y, given x and the `act` that apply
   /// returned. Accumulates (+=) into xbar [P, d], dA [r, d], dbias [r], dscale [r] (when scale is
   /// not null) and dB [r, d]. Pass the same matrix for dA and dB when A and B are tied.
-  static void vjp(const ConstMatrixRef<S>& x, const Matrix<S>& act, const Matrix<S>& A,
-                  const Vector<S>* scale, const Matrix<S>& B, const ConstMatrixRef<S>& ybar,
-                  MatrixRef<S> xbar, Matrix<S>& dA, Vector<S>& dbias, Vector<S>* dscale,
-                  Matrix<S>& dB) {
-    TanhScratch<S> ws;
-    vjp(x, act, A, scale, B, ybar, xbar, dA, dbias, dscale, dB, ws);
-  }
   static void vjp(const ConstMatrixRef<S>& x, const Matrix<S>& act, const Matrix<S>& A,
                   const Vector<S>* scale, const Matrix<S>& B, const ConstMatrixRef<S>& ybar,
                   MatrixRef<S> xbar, Matrix<S>& dA, Vector<S>& dbias, Vector<S>* dscale,

@@ -10,28 +10,38 @@
 //   static constexpr bool is_coupled;      // the q update reads k and the k update reads q
 //   static constexpr bool is_reversible;   // supports DynamicsMemory::recompute
 //   static constexpr bool has_dynamics;    // false only for Identity: no parameters, no tau
-//   static constexpr const char* name;     // run-time name, e.g. "leapfrog"
+//   static constexpr const char* name;     // the integrator's name in messages, e.g. "leapfrog"
 //
 //   template <class S> using parameters = ...;     // named tensors, see core/parameters.hpp
 //   template <class S> static parameters<S> make_parameters(const DynamicsShape&, Rng&);
 //
+//   // Optional: the policy's own reusable buffers (default NoScratch). They live in the trace, so
+//   // a trace kept from step to step (as Attention's Context keeps one per chunk of pairs) makes
+//   // the dynamics allocate nothing after the first call.
+//   template <class S> using scratch = ...;
+//
 //   // q, k: [P, d], evolved in place. tau: [P]. `keep` (may be null when no backward follows)
-//   // receives what backward needs under `memory`; its `scratch` (DynamicsScratch) is memory the
-//   // integrator may reuse in forward and backward, so that a trace kept from step to step makes
-//   // the dynamics allocate nothing (optional for a user-written policy).
+//   // receives what backward needs under `memory`. Trace<S> is StateTrace<S, scratch<S>>
+//   // (trace_of<Policy, S> below).
 //   template <class S> static void forward(const parameters<S>&, const Vector<S>& tau,
-//       MatrixRef<S> q, MatrixRef<S> k, StateTrace<S>* keep, DynamicsMemory memory);
+//       MatrixRef<S> q, MatrixRef<S> k, Trace<S>* keep, DynamicsMemory memory);
 //
 //   // q_out, k_out: the forward's results. dq, dk: cotangents of q_out, k_out on entry, of the
 //   // inputs on exit (=). grad (+=): parameter gradients. dtau (+=): [P] gradient of tau.
 //   template <class S> static void backward(const parameters<S>&, const Vector<S>& tau,
-//       const StateTrace<S>& keep, const ConstMatrixRef<S>& q_out, const ConstMatrixRef<S>& k_out,
+//       const Trace<S>& keep, const ConstMatrixRef<S>& q_out, const ConstMatrixRef<S>& k_out,
 //       MatrixRef<S> dq, MatrixRef<S> dk, parameters<S>& grad, Vector<S>& dtau,
 //       DynamicsMemory memory);
 //
-// A symplectic splitting method (kicks and drifts of the Hamiltonian in integrators/splitting.hpp)
-// needs only its coefficients; see examples/forest_ruth.hpp. CheckIntegrator<I> below turns a
-// missing member into a readable compile error.
+//   // Optional: how the sub-steps are built (StepForm below, default StepForm::other), for fast
+//   // paths that re-implement a family of policies (the CUDA kernels read it, never a name).
+//   static constexpr StepForm form;
+//
+// A symplectic splitting method (kicks and drifts of a separable Hamiltonian, integrators/
+// splitting.hpp) needs only its coefficients, see examples/forest_ruth.hpp; a new Hamiltonian
+// (potential/kinetic pair) is one struct, see dynamics/hamiltonian.hpp. CheckIntegrator<I> below
+// turns a missing member into a readable compile error. Policies reach run-time names through a
+// variant table (registry.hpp).
 #pragma once
 
 #include <type_traits>
@@ -40,35 +50,58 @@
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
 #include "../core/types.hpp"
-#include "../dynamics/hamiltonian.hpp"
 
 namespace coupledqk {
 
-/// Buffers an integrator may use freely inside forward and backward. They live in the StateTrace,
-/// so a trace kept from one step to the next (as Attention's Context keeps one per chunk of pairs)
-/// makes the dynamics allocate nothing after the first step.
-template <class S>
-struct DynamicsScratch {
-  Vector<S> h;                            // [P] sub-step sizes
-  Matrix<S> act, act2, g, g2, bar, bar2;  // [P, m] activations, [P, d] fields and cotangents
-  Matrix<S> q, k;                         // [P, d] states (recompute mode)
-  Matrix<S> w1, w2, dw1, dw2;             // weight-shaped temporaries
-  TanhScratch<S> tanh;
+/// Sizes and initial scales for the dynamics of one layer.
+struct DynamicsShape {
+  Index head_dim = 0;       ///< d
+  Index hidden = 0;         ///< m
+  double init_scale = 0.0;  ///< std of the parts that are zero at init (a, c; P*2); 0 = standard attention
 };
 
-/// What an integrator's forward keeps for its backward: one [P, d] state per entry. `scratch` is
-/// not part of what is kept: it is reused memory (mutable, so that backward can use it too).
-template <class S>
+/// How a policy builds its sub-steps (a description of the maths, for fast paths).
+enum class StepForm {
+  other,         ///< anything else: only the policy's own forward/backward know it
+  identity,      ///< q' = q, k' = k
+  splitting,     ///< kicks and drifts of a separable Hamiltonian (a `plan` and a `hamiltonian`)
+  simultaneous,  ///< explicit Euler on a separable Hamiltonian: both updates read the step's input
+  separate,      ///< q and k each moved by their own field (Uncoupled)
+};
+
+/// The default scratch of a policy that declares none.
+struct NoScratch {};
+
+/// What an integrator's forward keeps for its backward: one [P, d] state per entry, and the
+/// policy's scratch (reused memory, not state: mutable, so that backward can use it too).
+template <class S, class Scratch = NoScratch>
 struct StateTrace {
   std::vector<Matrix<S>> states;
-  mutable DynamicsScratch<S> scratch;
+  mutable Scratch scratch;
 };
 
-/// Scales row r of m by s[r].
-template <class S>
-auto row_scaled(const Matrix<S>& m, const Vector<S>& s) {
-  return (m.array().colwise() * s.array()).matrix();
-}
+namespace detail {
+template <class I, class S, class = void>
+struct scratch_of {
+  using type = NoScratch;
+};
+template <class I, class S>
+struct scratch_of<I, S, std::void_t<typename I::template scratch<S>>> {
+  using type = typename I::template scratch<S>;
+};
+template <class I, class = void>
+struct form_of : std::integral_constant<StepForm, StepForm::other> {};
+template <class I>
+struct form_of<I, std::void_t<decltype(I::form)>> : std::integral_constant<StepForm, I::form> {};
+}  // namespace detail
+
+/// The trace type of policy I at scalar S.
+template <class I, class S>
+using trace_of = StateTrace<S, typename detail::scratch_of<I, S>::type>;
+
+/// I::form, or StepForm::other when the policy does not say.
+template <class I>
+inline constexpr StepForm step_form = detail::form_of<I>::value;
 
 /// Per-row dot products: out[r] = a.row(r) . b.row(r). An expression (nothing is allocated), to be
 /// used while a and b are alive.

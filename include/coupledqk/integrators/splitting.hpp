@@ -1,4 +1,5 @@
-// Symplectic splitting methods for the separable Hamiltonian H(q, k) = V(q) + T(k).
+// Symplectic splitting methods for a separable Hamiltonian H(q, k) = V(q) + T(k) (by default the
+// learned tanh Hamiltonian, dynamics/hamiltonian.hpp; any struct with its members works).
 //
 // A method is a sequence of stages applied in order within one step of size h:
 //
@@ -13,7 +14,8 @@
 //     static constexpr std::array<Stage, K> stages;   // one step
 //     static constexpr int order;
 //     static constexpr const char* name;
-// and SymplecticSplitting<Scheme, N> does the rest: forward, backward, reversible backward.
+// and SymplecticSplitting<Scheme, N, Hamiltonian> does the rest: forward, backward, reversible
+// backward.
 // Adjacent stages of the same kind are merged across step boundaries, so N leapfrog steps cost
 // N + 1 evaluations of grad V and N of grad T, not 3N.
 #pragma once
@@ -21,6 +23,7 @@
 #include <array>
 #include <cstddef>
 
+#include "../dynamics/hamiltonian.hpp"
 #include "policy.hpp"
 
 namespace coupledqk {
@@ -53,45 +56,53 @@ constexpr SplittingPlan<K, N> make_splitting_plan(const std::array<Stage, K>& on
   return plan;
 }
 
+/// The buffers of a splitting method: sub-step sizes, the current field and its cotangent, the
+/// states while walking backwards (recompute mode) and the Hamiltonian's workspace.
+template <class S, class Ham>
+struct SplittingScratch {
+  Vector<S> h;     // [P] sub-step sizes
+  Matrix<S> g;     // [P, d] grad V or grad T of the current stage
+  Matrix<S> bar;   // [P, d] its cotangent
+  Matrix<S> q, k;  // [P, d] states (recompute mode)
+  typename Ham::template workspace<S> ham;
+};
+
 namespace detail {
 
 /// One stage, forward: the argument of its gradient is `arg` (q for a kick, k for a drift) and it
-/// moves `moved` (k for a kick, q for a drift).
-template <class S>
-void splitting_stage(const HamiltonianParameters<S>& p, const Stage& st, const Vector<S>& h,
-                     const ConstMatrixRef<S>& arg, MatrixRef<S> moved, S direction,
-                     Matrix<S>& act, Matrix<S>& g, TanhScratch<S>& ws) {
+/// moves `moved` (k for a kick, q for a drift). ws.g receives the gradient.
+template <class Ham, class S, class P>
+void splitting_stage(const P& p, const Stage& st, const ConstMatrixRef<S>& arg, MatrixRef<S> moved, S direction,
+                     SplittingScratch<S, Ham>& ws) {
   if (st.kind == StageKind::kick) {
-    Hamiltonian<S>::grad_potential(p, arg, act, g, ws);
-    moved.array() -= (direction * S(st.coef)) * (g.array().colwise() * h.array());
+    Ham::template grad_potential<S>(p, arg, ws.g, ws.ham);
+    moved.array() -= (direction * S(st.coef)) * (ws.g.array().colwise() * ws.h.array());
   } else {
-    Hamiltonian<S>::grad_kinetic(p, arg, act, g, ws);
-    moved.array() += (direction * S(st.coef)) * (g.array().colwise() * h.array());
+    Ham::template grad_kinetic<S>(p, arg, ws.g, ws.ham);
+    moved.array() += (direction * S(st.coef)) * (ws.g.array().colwise() * ws.h.array());
   }
 }
 
-/// One stage, backward. `g`, `act` are grad V(arg) or grad T(arg) and its activations; dmoved is the
-/// cotangent of the moved state (unchanged by the stage), darg accumulates. gbar: scratch.
-template <class S>
-void splitting_stage_vjp(const HamiltonianParameters<S>& p, const Stage& st, const Vector<S>& h,
-                         S inv_steps, const ConstMatrixRef<S>& arg, const Matrix<S>& act,
-                         const Matrix<S>& g, const ConstMatrixRef<S>& dmoved, MatrixRef<S> darg,
-                         HamiltonianParameters<S>& grad, Vector<S>& dtau, Matrix<S>& gbar,
-                         TanhScratch<S>& ws) {
+/// One stage, backward. ws.g and ws.ham hold grad V(arg) or grad T(arg) and its activations;
+/// dmoved is the cotangent of the moved state (unchanged by the stage), darg accumulates.
+template <class Ham, class S, class P>
+void splitting_stage_vjp(const P& p, const Stage& st, S inv_steps, const ConstMatrixRef<S>& arg,
+                         const ConstMatrixRef<S>& dmoved, MatrixRef<S> darg, P& grad, Vector<S>& dtau,
+                         SplittingScratch<S, Ham>& ws) {
   // kick: moved = k - c h g  -> sign -1 ; drift: moved = q + c h g -> sign +1
   const S sign = st.kind == StageKind::kick ? S(-1) : S(1);
   const S c = sign * S(st.coef);
-  dtau.noalias() += (c * inv_steps) * row_dot<S>(dmoved, g);
-  gbar = c * (dmoved.array().colwise() * h.array()).matrix();
+  dtau.noalias() += (c * inv_steps) * row_dot<S>(dmoved, ws.g);
+  ws.bar = c * (dmoved.array().colwise() * ws.h.array()).matrix();
   if (st.kind == StageKind::kick)
-    Hamiltonian<S>::grad_potential_vjp(p, arg, act, gbar, darg, grad, ws);
+    Ham::template grad_potential_vjp<S>(p, arg, ws.ham, ws.bar, darg, grad);
   else
-    Hamiltonian<S>::grad_kinetic_vjp(p, arg, act, gbar, darg, grad, ws);
+    Ham::template grad_kinetic_vjp<S>(p, arg, ws.ham, ws.bar, darg, grad);
 }
 
 }  // namespace detail
 
-template <class Scheme, int Steps>
+template <class Scheme, int Steps, class Ham = TanhHamiltonian>
 struct SymplecticSplitting {
   static_assert(Steps >= 1, "SymplecticSplitting: the step count must be at least 1");
 
@@ -102,22 +113,26 @@ struct SymplecticSplitting {
   static constexpr bool is_reversible = true;
   static constexpr bool has_dynamics = true;
   static constexpr const char* name = Scheme::name;
+  static constexpr StepForm form = StepForm::splitting;
   static constexpr auto plan = make_splitting_plan<Steps>(Scheme::stages);
+  using hamiltonian = Ham;
 
   template <class S>
-  using parameters = HamiltonianParameters<S>;
+  using parameters = typename Ham::template parameters<S>;
+  template <class S>
+  using scratch = SplittingScratch<S, Ham>;
 
   template <class S>
   static parameters<S> make_parameters(const DynamicsShape& shape, Rng& rng) {
-    return parameters<S>(shape, rng);
+    return Ham::template make_parameters<S>(shape, rng);
   }
 
   // Scratch: keep->scratch when a trace is given (reused call after call), else a local one.
   template <class S>
   static void forward(const parameters<S>& p, const Vector<S>& tau, MatrixRef<S> q, MatrixRef<S> k,
-                      StateTrace<S>* keep, DynamicsMemory memory) {
-    DynamicsScratch<S> local;
-    DynamicsScratch<S>& ws = keep ? keep->scratch : local;
+                      StateTrace<S, scratch<S>>* keep, DynamicsMemory memory) {
+    scratch<S> local;
+    scratch<S>& ws = keep ? keep->scratch : local;
     ws.h = tau / S(Steps);
     const bool store = keep != nullptr && memory == DynamicsMemory::store;
     if (keep) keep->states.resize(store ? static_cast<std::size_t>(plan.size) : 0);
@@ -126,18 +141,18 @@ struct SymplecticSplitting {
       const bool kick = st.kind == StageKind::kick;
       if (store) keep->states[static_cast<std::size_t>(i)] = kick ? q : k;  // same size: no allocation
       if (kick)
-        detail::splitting_stage<S>(p, st, ws.h, q, k, S(1), ws.act, ws.g, ws.tanh);
+        detail::splitting_stage<Ham, S>(p, st, q, k, S(1), ws);
       else
-        detail::splitting_stage<S>(p, st, ws.h, k, q, S(1), ws.act, ws.g, ws.tanh);
+        detail::splitting_stage<Ham, S>(p, st, k, q, S(1), ws);
     }
   }
 
   template <class S>
-  static void backward(const parameters<S>& p, const Vector<S>& tau, const StateTrace<S>& keep,
+  static void backward(const parameters<S>& p, const Vector<S>& tau, const StateTrace<S, scratch<S>>& keep,
                        const ConstMatrixRef<S>& q_out, const ConstMatrixRef<S>& k_out,
                        MatrixRef<S> dq, MatrixRef<S> dk, parameters<S>& grad, Vector<S>& dtau,
                        DynamicsMemory memory) {
-    DynamicsScratch<S>& ws = keep.scratch;
+    scratch<S>& ws = keep.scratch;
     ws.h = tau / S(Steps);
     const S inv_steps = S(1) / S(Steps);
     const bool recompute = memory == DynamicsMemory::recompute;
@@ -155,24 +170,22 @@ struct SymplecticSplitting {
       if (recompute) {
         // Undo the stage: its argument is unchanged by it, so g is also what the vjp needs.
         if (kick)
-          detail::splitting_stage<S>(p, st, ws.h, q, k, S(-1), ws.act, ws.g, ws.tanh);
+          detail::splitting_stage<Ham, S>(p, st, q, k, S(-1), ws);
         else
-          detail::splitting_stage<S>(p, st, ws.h, k, q, S(-1), ws.act, ws.g, ws.tanh);
+          detail::splitting_stage<Ham, S>(p, st, k, q, S(-1), ws);
       } else {
         const Matrix<S>& arg = keep.states[static_cast<std::size_t>(i)];
         if (kick)
-          Hamiltonian<S>::grad_potential(p, arg, ws.act, ws.g, ws.tanh);
+          Ham::template grad_potential<S>(p, arg, ws.g, ws.ham);
         else
-          Hamiltonian<S>::grad_kinetic(p, arg, ws.act, ws.g, ws.tanh);
+          Ham::template grad_kinetic<S>(p, arg, ws.g, ws.ham);
       }
       const ConstMatrixRef<S> arg = recompute ? (kick ? ConstMatrixRef<S>(q) : ConstMatrixRef<S>(k))
                                               : ConstMatrixRef<S>(keep.states[static_cast<std::size_t>(i)]);
       if (kick)
-        detail::splitting_stage_vjp<S>(p, st, ws.h, inv_steps, arg, ws.act, ws.g, dk, dq, grad, dtau, ws.bar,
-                                       ws.tanh);
+        detail::splitting_stage_vjp<Ham, S>(p, st, inv_steps, arg, dk, dq, grad, dtau, ws);
       else
-        detail::splitting_stage_vjp<S>(p, st, ws.h, inv_steps, arg, ws.act, ws.g, dq, dk, grad, dtau, ws.bar,
-                                       ws.tanh);
+        detail::splitting_stage_vjp<Ham, S>(p, st, inv_steps, arg, dq, dk, grad, dtau, ws);
     }
   }
 };

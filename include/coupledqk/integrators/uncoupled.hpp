@@ -48,6 +48,16 @@ struct UncoupledParameters : NamedTensors<UncoupledParameters<S>> {
   }
 };
 
+/// The buffers of Uncoupled: sub-step sizes, the two output matrices transposed (and their
+/// gradients), activations, the field and its cotangent.
+template <class S>
+struct UncoupledScratch {
+  Vector<S> h;                      // [P] sub-step sizes
+  Matrix<S> bq, bk, dbq, dbk;       // Pq2^T, Pk2^T [m/2, d] and their gradients
+  Matrix<S> act, f, bar;            // [P, m/2] activations, [P, d] field and its cotangent
+  TanhScratch<S> tanh;
+};
+
 template <int Steps>
 struct Uncoupled {
   static_assert(Steps >= 1, "Uncoupled: the step count must be at least 1");
@@ -59,9 +69,12 @@ struct Uncoupled {
   static constexpr bool is_reversible = false;
   static constexpr bool has_dynamics = true;
   static constexpr const char* name = "uncoupled";
+  static constexpr StepForm form = StepForm::separate;
 
   template <class S>
   using parameters = UncoupledParameters<S>;
+  template <class S>
+  using scratch = UncoupledScratch<S>;
 
   template <class S>
   static parameters<S> make_parameters(const DynamicsShape& shape, Rng& rng) {
@@ -71,60 +84,58 @@ struct Uncoupled {
   // keep->states: the input of every step, q_0, k_0, ..., q_{N-1}, k_{N-1}.
   template <class S>
   static void forward(const parameters<S>& p, const Vector<S>& tau, MatrixRef<S> q, MatrixRef<S> k,
-                      StateTrace<S>* keep, DynamicsMemory memory) {
+                      StateTrace<S, scratch<S>>* keep, DynamicsMemory memory) {
     require(memory == DynamicsMemory::store,
             "Uncoupled: DynamicsMemory::recompute needs a reversible integrator; Uncoupled is not "
             "(use DynamicsMemory::store)");
-    DynamicsScratch<S> local;
-    DynamicsScratch<S>& ws = keep ? keep->scratch : local;
+    scratch<S> local;
+    scratch<S>& ws = keep ? keep->scratch : local;
     ws.h = tau / S(Steps);
-    ws.w1 = p.Pq2.transpose();
-    ws.w2 = p.Pk2.transpose();
+    ws.bq = p.Pq2.transpose();
+    ws.bk = p.Pk2.transpose();
     if (keep) keep->states.resize(2 * Steps);
     for (int s = 0; s < Steps; ++s) {
       if (keep) {
         keep->states[2 * s] = q;  // same size step after step: no allocation
         keep->states[2 * s + 1] = k;
       }
-      TanhMap<S>::apply(q, p.Pq1, p.pq, nullptr, ws.w1, ws.act, ws.g, ws.tanh);
-      q.array() += ws.g.array().colwise() * ws.h.array();
-      TanhMap<S>::apply(k, p.Pk1, p.pk, nullptr, ws.w2, ws.act, ws.g, ws.tanh);
-      k.array() += ws.g.array().colwise() * ws.h.array();
+      TanhMap<S>::apply(q, p.Pq1, p.pq, nullptr, ws.bq, ws.act, ws.f, ws.tanh);
+      q.array() += ws.f.array().colwise() * ws.h.array();
+      TanhMap<S>::apply(k, p.Pk1, p.pk, nullptr, ws.bk, ws.act, ws.f, ws.tanh);
+      k.array() += ws.f.array().colwise() * ws.h.array();
     }
   }
 
   template <class S>
-  static void backward(const parameters<S>& p, const Vector<S>& tau, const StateTrace<S>& keep,
+  static void backward(const parameters<S>& p, const Vector<S>& tau, const StateTrace<S, scratch<S>>& keep,
                        const ConstMatrixRef<S>&, const ConstMatrixRef<S>&, MatrixRef<S> dq,
                        MatrixRef<S> dk, parameters<S>& grad, Vector<S>& dtau, DynamicsMemory) {
     require(static_cast<int>(keep.states.size()) == 2 * Steps, "Uncoupled::backward: the forward kept ",
             keep.states.size(), " states, expected ", 2 * Steps);
-    DynamicsScratch<S>& ws = keep.scratch;
+    scratch<S>& ws = keep.scratch;
     ws.h = tau / S(Steps);
     const S inv_steps = S(1) / S(Steps);
-    ws.w1 = p.Pq2.transpose();
-    ws.w2 = p.Pk2.transpose();
-    ws.dw1.setZero(ws.w1.rows(), ws.w1.cols());
-    ws.dw2.setZero(ws.w2.rows(), ws.w2.cols());
+    ws.bq = p.Pq2.transpose();
+    ws.bk = p.Pk2.transpose();
+    ws.dbq.setZero(ws.bq.rows(), ws.bq.cols());
+    ws.dbk.setZero(ws.bk.rows(), ws.bk.cols());
     for (int s = Steps - 1; s >= 0; --s) {
-      branch_vjp(keep.states[2 * s], p.Pq1, p.pq, ws.w1, ws.h, inv_steps, dq, grad.Pq1, grad.pq, ws.dw1, dtau, ws);
-      branch_vjp(keep.states[2 * s + 1], p.Pk1, p.pk, ws.w2, ws.h, inv_steps, dk, grad.Pk1, grad.pk, ws.dw2, dtau,
-                 ws);
+      branch_vjp(keep.states[2 * s], p.Pq1, p.pq, ws.bq, inv_steps, dq, grad.Pq1, grad.pq, ws.dbq, dtau, ws);
+      branch_vjp(keep.states[2 * s + 1], p.Pk1, p.pk, ws.bk, inv_steps, dk, grad.Pk1, grad.pk, ws.dbk, dtau, ws);
     }
-    grad.Pq2 += ws.dw1.transpose();
-    grad.Pk2 += ws.dw2.transpose();
+    grad.Pq2 += ws.dbq.transpose();
+    grad.Pk2 += ws.dbk.transpose();
   }
 
  private:
   // x_out = x_in + h f(x_in): dx_in = dx_out + J_f^T (h dx_out); dtau += rowdot(dx_out, f) / N.
   template <class S>
   static void branch_vjp(const Matrix<S>& x_in, const Matrix<S>& P1, const Vector<S>& bias,
-                         const Matrix<S>& B, const Vector<S>& h, S inv_steps, MatrixRef<S> dx,
-                         Matrix<S>& dP1, Vector<S>& dbias, Matrix<S>& dB, Vector<S>& dtau,
-                         DynamicsScratch<S>& ws) {
-    TanhMap<S>::apply(x_in, P1, bias, nullptr, B, ws.act, ws.g, ws.tanh);
-    dtau.noalias() += inv_steps * row_dot<S>(dx, ws.g);
-    ws.bar = (dx.array().colwise() * h.array()).matrix();  // fbar
+                         const Matrix<S>& B, S inv_steps, MatrixRef<S> dx, Matrix<S>& dP1,
+                         Vector<S>& dbias, Matrix<S>& dB, Vector<S>& dtau, scratch<S>& ws) {
+    TanhMap<S>::apply(x_in, P1, bias, nullptr, B, ws.act, ws.f, ws.tanh);
+    dtau.noalias() += inv_steps * row_dot<S>(dx, ws.f);
+    ws.bar = (dx.array().colwise() * ws.h.array()).matrix();  // fbar
     TanhMap<S>::vjp(x_in, ws.act, P1, nullptr, B, ws.bar, dx, dP1, dbias, nullptr, dB, ws.tanh);
   }
 };

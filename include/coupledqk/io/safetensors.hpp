@@ -174,13 +174,6 @@ std::string format_shape(const std::vector<Int>& shape) {
   return out + "]";
 }
 
-inline std::string join_names(const std::vector<std::string>& names) {
-  if (names.empty()) return "(none)";
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
 /// "'path': " or "" when no source is known.
 inline std::string prefix(const std::string& source) {
   return source.empty() ? std::string() : "safetensors file '" + source + "': ";
@@ -377,7 +370,7 @@ struct file {
   const tensor& at(const std::string& name) const {
     if (const tensor* t = find(name)) return *t;
     throw io_error(detail::prefix(source) + "no tensor named '" + name +
-                   "'; the file holds: " + detail::join_names(names()));
+                   "'; the file holds: " + join_names(names()));
   }
 
   /// Tensor names in order.
@@ -395,7 +388,7 @@ struct file {
     std::vector<std::string> keys;
     for (const auto& kv : metadata) keys.push_back(kv.first);
     throw io_error(detail::prefix(source) + "no metadata key '" + key +
-                   "'; the file's metadata keys: " + detail::join_names(keys));
+                   "'; the file's metadata keys: " + join_names(keys));
   }
   /// The metadata value of `key`, or nullptr.
   const std::string* find_meta(const std::string& key) const {
@@ -804,7 +797,7 @@ void load_into(const file& f, const std::vector<TensorView<S>>& views) {
     if (!index.count(v.name)) missing.push_back(v.name);
   if (!missing.empty())
     throw io_error(detail::prefix(f.source) + "missing tensor" + (missing.size() > 1 ? "s " : " ") +
-                   detail::join_names(missing) + "; the file holds: " + detail::join_names(f.names()));
+                   join_names(missing) + "; the file holds: " + join_names(f.names()));
   for (const auto& v : views) {
     const tensor& t = *index.at(v.name);
     bool same = t.shape.size() == v.shape.size();

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "../attention.hpp"
-#include "../autodiff/attention_op.hpp"
+#include "attention_op.hpp"
 #include "../autodiff/ops.hpp"
 #include "../autodiff/tape.hpp"
 #include "../core/error.hpp"
@@ -147,24 +147,58 @@ struct GptTensors {
   Vector<S> lnf_g, lnf_b;  // [D]
 };
 
-namespace detail {
+/// The GPT's own tensors, one id each (the attention layers' come from their Parameters).
+enum class GptTensor { wte, wpe, ln1_g, ln1_b, ln2_g, ln2_b, fc_w, fc_b, proj_w, proj_b, lnf_g, lnf_b };
 
-/// "standard", "leapfrog", "diff-euler", ... for the registry's policies; "<integrator>" or
-/// "<integrator>+<scoring>" for user-defined ones.
-template <class I, class Sc>
-std::string gpt_variant_name() {
-  const std::string integrator = I::has_dynamics ? I::name : "";
-  if (std::is_same_v<Sc, Softmax>) return I::has_dynamics ? integrator : "standard";
-  if (std::is_same_v<Sc, Differential>) return I::has_dynamics ? "diff-" + integrator : "diff";
-  return (I::has_dynamics ? integrator : "standard") + "+" + Sc::name;
+/// How a tensor starts (GPT-2): N(0, init_std^2), N(0, (init_std / sqrt(2L))^2) for the residual
+/// projections, ones (LayerNorm gains) or zeros (biases).
+enum class GptInit { normal, residual_normal, ones, zeros };
+
+/// A tensor's shape: [rows] (rank 1) or [rows, cols] (rank 2).
+struct GptShape {
+  int rank = 1;
+  Index rows = 0, cols = 1;
+  Index size() const { return rows * cols; }
+  std::vector<Index> dims() const { return rank == 1 ? std::vector<Index>{rows} : std::vector<Index>{rows, cols}; }
+};
+
+/// THE list of the model's tensors, in file order (see the names at the top of this file). For
+/// every tensor of the model's own it calls
+///
+///     f(block, id, name, shape, init, tensor)      block: -1 outside the blocks; name without the
+///                                                   "h.<block>." prefix; tensor: Matrix<S>* or
+///                                                   Vector<S>* into `t` (null when t is null)
+///
+/// and attention(block) where block l's attention layer's tensors go (between ln1 and ln2).
+/// Construction, zeroing, counting, named views, checkpoint names and the CUDA layout all walk it;
+/// with t = null it describes the shapes alone. Allocates nothing.
+template <class Tensors, class F, class A>
+void visit_gpt_tensors(const GptConfig& c, Tensors* t, F&& f, A&& attention) {
+  const Index V = c.vocab, D = c.dim, C = c.context, M = c.mlp_dim();
+  const GptShape vec_d{1, D, 1}, mat_dd_m{2, D, M}, mat_m_d{2, M, D}, vec_m{1, M, 1};
+  f(Index(-1), GptTensor::wte, "wte", GptShape{2, V, D}, GptInit::normal, t ? &t->wte : nullptr);
+  f(Index(-1), GptTensor::wpe, "wpe", GptShape{2, C, D}, GptInit::normal, t ? &t->wpe : nullptr);
+  for (Index l = 0; l < c.layers; ++l) {
+    auto* b = t ? &t->h[static_cast<std::size_t>(l)] : nullptr;
+    f(l, GptTensor::ln1_g, "ln1.g", vec_d, GptInit::ones, b ? &b->ln1_g : nullptr);
+    f(l, GptTensor::ln1_b, "ln1.b", vec_d, GptInit::zeros, b ? &b->ln1_b : nullptr);
+    attention(l);
+    f(l, GptTensor::ln2_g, "ln2.g", vec_d, GptInit::ones, b ? &b->ln2_g : nullptr);
+    f(l, GptTensor::ln2_b, "ln2.b", vec_d, GptInit::zeros, b ? &b->ln2_b : nullptr);
+    f(l, GptTensor::fc_w, "mlp.fc.w", mat_dd_m, GptInit::normal, b ? &b->fc_w : nullptr);
+    f(l, GptTensor::fc_b, "mlp.fc.b", vec_m, GptInit::zeros, b ? &b->fc_b : nullptr);
+    f(l, GptTensor::proj_w, "mlp.proj.w", mat_m_d, GptInit::residual_normal, b ? &b->proj_w : nullptr);
+    f(l, GptTensor::proj_b, "mlp.proj.b", vec_d, GptInit::zeros, b ? &b->proj_b : nullptr);
+  }
+  f(Index(-1), GptTensor::lnf_g, "ln_f.g", vec_d, GptInit::ones, t ? &t->lnf_g : nullptr);
+  f(Index(-1), GptTensor::lnf_b, "ln_f.b", vec_d, GptInit::zeros, t ? &t->lnf_b : nullptr);
 }
 
-template <class Dense>
-void append_view(std::vector<TensorView<typename Dense::Scalar>>& out, const std::string& name, Dense& t) {
-  out.push_back(TensorView<typename Dense::Scalar>{name, shape_of(t), t.data()});
+/// "h.<block>.<name>", or name outside the blocks.
+inline std::string gpt_tensor_name(Index block, const char* name) {
+  return block < 0 ? std::string(name) : "h." + std::to_string(block) + "." + name;
 }
 
-}  // namespace detail
 
 /// A GPT whose attention variant is fixed by the derived Gpt<S, Integrator, Scoring> (make_gpt picks
 /// it at run time). Everything that does not depend on the attention policies is here, compiled
@@ -260,17 +294,9 @@ class AnyGpt {
 
   /// Sets the gradient buffer to zero (allocates nothing).
   void zero_grad() {
-    grads_.wte.setZero();
-    grads_.wpe.setZero();
-    for (Index l = 0; l < config_.layers; ++l) {
-      GptBlock<S>& b = grads_.h[static_cast<std::size_t>(l)];
-      for (Vector<S>* v : {&b.ln1_g, &b.ln1_b, &b.ln2_g, &b.ln2_b, &b.fc_b, &b.proj_b}) v->setZero();
-      b.fc_w.setZero();
-      b.proj_w.setZero();
-      zero_attention_gradients(l);
-    }
-    grads_.lnf_g.setZero();
-    grads_.lnf_b.setZero();
+    visit_gpt_tensors(
+        config_, &grads_, [](Index, GptTensor, const char*, const GptShape&, GptInit, auto* t) { t->setZero(); },
+        [&](Index l) { zero_attention_gradients(l); });
   }
 
   /// Named views of every parameter (see the names at the top of this file) and of its gradient:
@@ -280,13 +306,12 @@ class AnyGpt {
 
   ParameterReport parameter_report() const {
     ParameterReport r;
-    r.total = params_.wte.size() + params_.wpe.size() + params_.lnf_g.size() + params_.lnf_b.size();
-    for (Index l = 0; l < config_.layers; ++l) {
-      const GptBlock<S>& b = params_.h[static_cast<std::size_t>(l)];
-      r.total += b.ln1_g.size() + b.ln1_b.size() + b.ln2_g.size() + b.ln2_b.size() + b.fc_w.size() +
-                 b.fc_b.size() + b.proj_w.size() + b.proj_b.size() + attention_parameter_count(l, false);
-      r.dynamics += attention_parameter_count(l, true);
-    }
+    visit_gpt_tensors(
+        config_, &params_, [&](Index, GptTensor, const char*, const GptShape&, GptInit, const auto* t) { r.total += t->size(); },
+        [&](Index l) {
+          r.total += attention_parameter_count(l, false);
+          r.dynamics += attention_parameter_count(l, true);
+        });
     r.dynamics_percent = 100.0 * static_cast<double>(r.dynamics) / static_cast<double>(r.total);
     return r;
   }
@@ -317,39 +342,25 @@ class AnyGpt {
   /// scales their wo by 1 / sqrt(2L) (the other residual projection).
   AnyGpt(const GptConfig& config, std::uint64_t seed) : config_(config) {
     validate(config_);
-    const Index V = config_.vocab, D = config_.dim, C = config_.context, M = config_.mlp_dim();
     Rng rng(seed);
-    params_.wte.resize(V, D);
-    params_.wpe.resize(C, D);
-    rng.fill_normal(params_.wte, config_.init_std);
-    rng.fill_normal(params_.wpe, config_.init_std);
     params_.h.resize(static_cast<std::size_t>(config_.layers));
-    for (auto& b : params_.h) {
-      layer_seeds_.push_back(rng.next_u64());
-      b.ln1_g = Vector<S>::Ones(D);
-      b.ln1_b = Vector<S>::Zero(D);
-      b.ln2_g = Vector<S>::Ones(D);
-      b.ln2_b = Vector<S>::Zero(D);
-      b.fc_w.resize(D, M);
-      rng.fill_normal(b.fc_w, config_.init_std);
-      b.fc_b = Vector<S>::Zero(M);
-      b.proj_w.resize(M, D);
-      rng.fill_normal(b.proj_w, config_.init_std * residual_scale());
-      b.proj_b = Vector<S>::Zero(D);
-    }
-    params_.lnf_g = Vector<S>::Ones(D);
-    params_.lnf_b = Vector<S>::Zero(D);
+    visit_gpt_tensors(
+        config_, &params_,
+        [&](Index, GptTensor, const char*, const GptShape& shape, GptInit init, auto* t) {
+          t->resize(shape.rows, shape.cols);
+          switch (init) {
+            case GptInit::normal: rng.fill_normal(*t, config_.init_std); break;
+            case GptInit::residual_normal: rng.fill_normal(*t, config_.init_std * residual_scale()); break;
+            case GptInit::ones: t->setOnes(); break;
+            case GptInit::zeros: t->setZero(); break;
+          }
+        },
+        [&](Index) { layer_seeds_.push_back(rng.next_u64()); });
     // gradients: same shapes, zeros
     grads_ = params_;
-    grads_.wte.setZero();
-    grads_.wpe.setZero();
-    for (auto& b : grads_.h) {
-      for (Vector<S>* v : {&b.ln1_g, &b.ln1_b, &b.ln2_g, &b.ln2_b, &b.fc_b, &b.proj_b}) v->setZero();
-      b.fc_w.setZero();
-      b.proj_w.setZero();
-    }
-    grads_.lnf_g.setZero();
-    grads_.lnf_b.setZero();
+    visit_gpt_tensors(
+        config_, &grads_, [](Index, GptTensor, const char*, const GptShape&, GptInit, auto* t) { t->setZero(); },
+        [](Index) {});
   }
 
   /// 1 / sqrt(2L): the init scale of the residual projections (wo, mlp.proj.w).
@@ -376,25 +387,13 @@ class AnyGpt {
   }
 
   std::vector<TensorView<S>> views(bool grads) {
-    GptTensors<S>& t = grads ? grads_ : params_;
     std::vector<TensorView<S>> out;
-    detail::append_view(out, "wte", t.wte);
-    detail::append_view(out, "wpe", t.wpe);
-    for (Index l = 0; l < config_.layers; ++l) {
-      GptBlock<S>& b = t.h[static_cast<std::size_t>(l)];
-      const std::string p = "h." + std::to_string(l) + ".";
-      detail::append_view(out, p + "ln1.g", b.ln1_g);
-      detail::append_view(out, p + "ln1.b", b.ln1_b);
-      attention_views(l, p + "attn.", grads ? nullptr : &out, grads ? &out : nullptr);
-      detail::append_view(out, p + "ln2.g", b.ln2_g);
-      detail::append_view(out, p + "ln2.b", b.ln2_b);
-      detail::append_view(out, p + "mlp.fc.w", b.fc_w);
-      detail::append_view(out, p + "mlp.fc.b", b.fc_b);
-      detail::append_view(out, p + "mlp.proj.w", b.proj_w);
-      detail::append_view(out, p + "mlp.proj.b", b.proj_b);
-    }
-    detail::append_view(out, "ln_f.g", t.lnf_g);
-    detail::append_view(out, "ln_f.b", t.lnf_b);
+    visit_gpt_tensors(
+        config_, grads ? &grads_ : &params_,
+        [&](Index l, GptTensor, const char* name, const GptShape&, GptInit, auto* t) {
+          out.push_back(TensorView<S>{gpt_tensor_name(l, name), shape_of(*t), t->data()});
+        },
+        [&](Index l) { attention_views(l, gpt_tensor_name(l, "attn."), grads ? nullptr : &out, grads ? &out : nullptr); });
     return out;
   }
 
@@ -411,8 +410,11 @@ class Gpt final : public AnyGpt<S> {
   using Layer = Attention<S, Integrator, Scoring>;
   using LayerParameters = typename Layer::Parameters;
 
-  /// config.attention and config.steps are set from the policies (e.g. "diff-euler", 4).
-  explicit Gpt(const GptConfig& config, std::uint64_t seed = 0) : AnyGpt<S>(named(config), seed) {
+  /// config.steps is set from the integrator and config.attention from the policies' name in the
+  /// built-in variant table (e.g. "diff-euler"); for policies outside it, `name` (a consumer's
+  /// table name: make_gpt passes it), else "<integrator>+<scoring>".
+  explicit Gpt(const GptConfig& config, std::uint64_t seed = 0, const std::string& name = {})
+      : AnyGpt<S>(named(config, name), seed) {
     const GptConfig& c = this->config();
     layers_.reserve(static_cast<std::size_t>(c.layers));
     layer_grads_.reserve(static_cast<std::size_t>(c.layers));
@@ -447,8 +449,8 @@ class Gpt final : public AnyGpt<S> {
   }
 
  private:
-  static GptConfig named(GptConfig c) {
-    c.attention = detail::gpt_variant_name<Integrator, Scoring>();
+  static GptConfig named(GptConfig c, const std::string& name) {
+    c.attention = variant_name<Integrator, Scoring>(name);
     if constexpr (Integrator::has_dynamics) c.steps = Integrator::steps;
     return c;
   }
@@ -457,31 +459,39 @@ class Gpt final : public AnyGpt<S> {
   std::vector<LayerParameters> layer_grads_;  // the layers' share of the gradient buffer
 };
 
-/// The GPT whose attention layers are the variant config.attention with config.steps steps.
-/// Throws coupledqk::invalid_argument for an unknown name or step count (listing what is
-/// accepted) and for unusable sizes.
-template <class S>
-std::unique_ptr<AnyGpt<S>> make_gpt(const GptConfig& config, std::uint64_t seed = 0) {
+/// The GPT whose attention layers are the variant config.attention with config.steps steps, from
+/// `table` (default: the built-in variants). Throws coupledqk::invalid_argument for an unknown
+/// name or step count (listing what is accepted) and for unusable sizes.
+template <class S, class... E>
+std::unique_ptr<AnyGpt<S>> make_gpt(const GptConfig& config, std::uint64_t seed, const VariantTable<E...>& table) {
   validate(config);
-  return with_variant(config.attention, config.steps, [&](auto integrator, auto scoring) -> std::unique_ptr<AnyGpt<S>> {
+  return table.dispatch(config.attention, config.steps, [&](auto integrator, auto scoring) -> std::unique_ptr<AnyGpt<S>> {
     using I = typename decltype(integrator)::type;
     using Sc = typename decltype(scoring)::type;
-    return std::make_unique<Gpt<S, I, Sc>>(config, seed);
+    return std::make_unique<Gpt<S, I, Sc>>(config, seed, config.attention);
   });
+}
+template <class S>
+std::unique_ptr<AnyGpt<S>> make_gpt(const GptConfig& config, std::uint64_t seed = 0) {
+  return make_gpt<S>(config, seed, builtin_variants);
 }
 
 /// Calls f(Gpt<S, I, Sc>&) with the compiled model behind `model` (for code written once for every
 /// variant, such as incremental decoding) and returns its result (f must return the same non-void
-/// type for every variant). Only for models whose variant is in the registry (make_gpt's).
-template <class S, class F>
-auto visit_gpt(AnyGpt<S>& model, F&& f) {
-  return with_variant(model.config().attention, model.config().steps, [&](auto integrator, auto scoring) {
+/// type for every variant). Only for models whose variant is in `table` (make_gpt's).
+template <class S, class F, class... E>
+auto visit_gpt(AnyGpt<S>& model, F&& f, const VariantTable<E...>& table) {
+  return table.dispatch(model.config().attention, model.config().steps, [&](auto integrator, auto scoring) {
     using G = Gpt<S, typename decltype(integrator)::type, typename decltype(scoring)::type>;
     auto* g = dynamic_cast<G*>(&model);
     require(g != nullptr, "visit_gpt: the model is not the compiled variant its config names ('",
             model.config().attention, "', ", model.config().steps, " steps)");
     return f(*g);
   });
+}
+template <class S, class F>
+auto visit_gpt(AnyGpt<S>& model, F&& f) {
+  return visit_gpt(model, std::forward<F>(f), builtin_variants);
 }
 
 }  // namespace coupledqk

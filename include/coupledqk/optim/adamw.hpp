@@ -105,7 +105,8 @@ class AdamW {
   }
 
   /// Whether weight decay applies: 2-D tensors (matrices, embeddings), never vectors.
-  static bool decays(const TensorView<S>& t) { return t.shape.size() == 2; }
+  static bool decays(const TensorView<S>& t) { return decays(t.shape); }
+  static bool decays(const std::vector<Index>& shape) { return shape.size() == 2; }
 
   const AdamWConfig& config() const { return config_; }
   const CosineSchedule& schedule() const { return schedule_; }

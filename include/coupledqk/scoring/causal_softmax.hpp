@@ -12,21 +12,6 @@
 namespace coupledqk {
 
 template <class S>
-using ConstBlockRef = Eigen::Ref<const Matrix<S>, 0, Eigen::OuterStride<>>;
-template <class S>
-using BlockRef = Eigen::Ref<Matrix<S>, 0, Eigen::OuterStride<>>;
-
-/// Everything a scoring policy needs to know about one call.
-struct ScoringShape {
-  Index batch = 0;      ///< B
-  Index seq = 0;        ///< T
-  Index heads = 0;      ///< H (query/key pairs per token)
-  Index head_dim = 0;   ///< d
-  int layer_index = 0;  ///< 0-based, used by Differential's lambda_init
-  bool reference = false;  ///< true: the plain path (T x T probabilities); false: FlashSoftmax
-};
-
-template <class S>
 struct CausalSoftmax {
   /// P (written) from one head's q, k.
   static void probabilities(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, S scale, Matrix<S>& P) {

@@ -15,6 +15,7 @@
 #include "../core/random.hpp"
 #include "../core/parallel.hpp"
 #include "causal_softmax.hpp"
+#include "policy.hpp"
 #include "flash_softmax.hpp"
 
 namespace coupledqk {

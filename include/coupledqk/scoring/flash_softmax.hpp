@@ -48,20 +48,6 @@ struct FlashSoftmax {
     for (Workspace& w : work) w.reserve(T, dv);
   }
 
-  /// o (=) and lse (=) for one head, with this thread's workspace.
-  static void forward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
-                      S scale, BlockRef<S> o, S* lse) {
-    thread_local Workspace w;
-    forward(q, k, v, scale, o, lse, w);
-  }
-  /// Accumulates (+=) dq, dk, dv of one head, with this thread's workspace.
-  static void backward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
-                       const ConstBlockRef<S>& o, const ConstBlockRef<S>& d_o, const S* lse, S scale,
-                       BlockRef<S> dq, BlockRef<S> dk, BlockRef<S> dv) {
-    thread_local Workspace w;
-    backward(q, k, v, o, d_o, lse, scale, dq, dk, dv, w);
-  }
-
   /// o (=) and lse (=) for one head.
   static void forward(const ConstBlockRef<S>& q, const ConstBlockRef<S>& k, const ConstBlockRef<S>& v,
                       S scale, BlockRef<S> o, S* lse, Workspace& w) {

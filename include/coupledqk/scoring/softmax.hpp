@@ -10,6 +10,7 @@
 #include "../core/error.hpp"
 #include "../core/parallel.hpp"
 #include "causal_softmax.hpp"
+#include "policy.hpp"
 #include "flash_softmax.hpp"
 
 namespace coupledqk {

@@ -27,7 +27,7 @@ Matrix<S> jacobian(const typename I::template parameters<S>& p, const Matrix<S>&
   const Index d = q0.cols();
   Matrix<S> q = q0, k = k0;
   Vector<S> t = Vector<S>::Constant(1, tau);
-  StateTrace<S> keep;
+  trace_of<I, S> keep;
   I::template forward<S>(p, t, q, k, &keep, memory);
   Matrix<S> J(2 * d, 2 * d);
   for (Index i = 0; i < 2 * d; ++i) {
@@ -82,16 +82,16 @@ S reversibility_error(const typename I::template parameters<S>& p, const Matrix<
 
 /// Energy drift over a fixed total time: the flow is applied `repeats` times with time
 /// total_time / repeats each (sub-step h = total_time / (repeats * I::steps)); returns the largest
-/// |H(q_n, k_n) - H(q_0, k_0)| seen along the way. Needs Hamiltonian parameters.
+/// |H(q_n, k_n) - H(q_0, k_0)| seen along the way. Needs a Hamiltonian policy (I::hamiltonian).
 template <class I, class S>
-S energy_drift(const HamiltonianParameters<S>& p, const Matrix<S>& q0, const Matrix<S>& k0,
+S energy_drift(const typename I::template parameters<S>& p, const Matrix<S>& q0, const Matrix<S>& k0,
                S total_time, int repeats) {
   Matrix<S> q = q0, k = k0;
-  const S h0 = Hamiltonian<S>::energy(p, q, k)[0];
+  const S h0 = I::hamiltonian::template energy<S>(p, q, k)[0];
   S worst = 0;
   for (int n = 0; n < repeats; ++n) {
     flow<I, S>(p, total_time / S(repeats), q, k);
-    worst = std::max(worst, std::abs(Hamiltonian<S>::energy(p, q, k)[0] - h0));
+    worst = std::max(worst, std::abs(I::hamiltonian::template energy<S>(p, q, k)[0] - h0));
   }
   return worst;
 }
@@ -99,7 +99,7 @@ S energy_drift(const HamiltonianParameters<S>& p, const Matrix<S>& q0, const Mat
 /// Least-squares slope of log(drift) against log(h) over `repeats` = r0, 2 r0, 4 r0, ...
 /// (`levels` values): the observed convergence order of the energy error.
 template <class I, class S>
-double energy_convergence_order(const HamiltonianParameters<S>& p, const Matrix<S>& q0,
+double energy_convergence_order(const typename I::template parameters<S>& p, const Matrix<S>& q0,
                                 const Matrix<S>& k0, S total_time, int r0 = 4, int levels = 4) {
   std::vector<double> x, y;
   for (int l = 0, r = r0; l < levels; ++l, r *= 2) {

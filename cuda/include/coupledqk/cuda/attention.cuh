@@ -113,38 +113,23 @@ class Attention {
   using scoring = Scoring;
 
   /// Validates the configuration exactly as the CPU layer does (same messages) and lays out the
-  /// flat parameter array.
+  /// flat parameter array from the CPU layer's layout (its visit order, from the shapes alone): wq wk
+  /// wv consecutive (one batched GEMM), then wo, then the dynamics block followed by rho, then the
+  /// scoring's block.
   explicit Attention(const AttentionConfig& config) : config_(config) {
-    const Host host(config_);  // validation and the parameter shapes, from the CPU template itself
+    const typename Host::ParameterLayout layout = Host::parameter_layout(config_);
     const Index D = config_.dim;
-    Index off = 0;
-    bool seen_dyn = false;
-    host.params.visit([&](const char* name, const auto& t) {
-      const std::string n = name;
-      if (n == "wq") off_wq_ = off;
-      if (n == "wk") off_wk_ = off;
-      if (n == "wv") off_wv_ = off;
-      if (n == "wo") off_wo_ = off;
-      if (n == "dyn.rho") off_rho_ = off;
-      else if (n.rfind("dyn.", 0) == 0 && !seen_dyn) {
-        off_dyn_ = off;
-        seen_dyn = true;
-      }
-      off += t.size();
-    });
-    count_ = off;
-    // The layout the kernels rely on: wq wk wv consecutive (one batched GEMM), then wo, then the
-    // dynamics block followed by rho, then the scoring's block.
-    require(off_wq_ == 0 && off_wk_ == D * D && off_wv_ == 2 * D * D && off_wo_ == 3 * D * D,
-            "cuda::Attention: unexpected parameter order in the CPU layer (wq, wk, wv, wo first)");
-    off_score_ = count_ - DeviceScoring<Scoring>::parameter_count(config_.head_dim());
-    if constexpr (Integrator::has_dynamics) {
-      require(seen_dyn && off_dyn_ == 4 * D * D && off_rho_ == off_dyn_ + count_parameters(host.params.dyn) &&
-                  off_score_ == off_rho_ + config_.heads,
-              "cuda::Attention: unexpected parameter order in the CPU layer (dyn.* then dyn.rho after wo)");
-    } else {
-      require(off_score_ == 4 * D * D, "cuda::Attention: unexpected parameter count of the scoring");
-    }
+    off_wq_ = 0;
+    off_wk_ = D * D;
+    off_wv_ = 2 * D * D;
+    off_wo_ = 3 * D * D;
+    off_dyn_ = layout.projections;
+    off_rho_ = off_dyn_ + layout.dynamics;
+    off_score_ = off_rho_ + layout.rho;
+    count_ = layout.total();
+    require(layout.scoring == DeviceScoring<Scoring>::parameter_count(config_.head_dim()),
+            "cuda::Attention: the scoring '", Scoring::name, "' holds ", layout.scoring,
+            " parameters on the CPU; the device scoring expects ", DeviceScoring<Scoring>::parameter_count(config_.head_dim()));
   }
 
   const AttentionConfig& config() const { return config_; }

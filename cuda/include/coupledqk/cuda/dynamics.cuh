@@ -87,7 +87,7 @@
 //
 // Limits: 1 <= d <= 128, 1 <= m <= 128 (even for Uncoupled), at most 64 ops (Leapfrog N <= 31,
 // Forest-Ruth N <= 10, Euler / Uncoupled N <= 32; has_device_dynamics is false beyond). Identity
-// launches nothing and accepts any d >= 1. Shapes outside the limits throw std::invalid_argument
+// launches nothing and accepts any d >= 1. Shapes outside the limits throw coupledqk::invalid_argument
 // naming the value and the accepted range; CUDA failures throw cuda_error.
 #pragma once
 
@@ -126,25 +126,25 @@ constexpr int kMaxSharedHeads = 1024;
 
 enum class Kind : int { identity, splitting, euler, uncoupled, unsupported };
 
-template <class I, class = void>
-struct has_splitting_plan : std::false_type {};
-template <class I>
-struct has_splitting_plan<I, std::void_t<decltype(I::plan.size), decltype(I::plan.stage[0].coef),
-                                         decltype(I::plan.stage[0].kind)>> : std::true_type {};
-
-/// What the device code does for a policy, from its traits (not its name).
+/// What the device code does for a policy, from its declared step form and Hamiltonian (never its
+/// name): splitting methods and explicit Euler of the tanh Hamiltonian, Uncoupled's parameters.
 template <class I>
 constexpr Kind kind_of() {
+  constexpr StepForm form = step_form<I>;
   if constexpr (!I::has_dynamics) {
     return Kind::identity;
-  } else if constexpr (has_splitting_plan<I>::value) {
-    if constexpr (std::is_same_v<typename I::template parameters<float>, HamiltonianParameters<float>>)
+  } else if constexpr (form == StepForm::splitting) {
+    if constexpr (std::is_same_v<typename I::hamiltonian, TanhHamiltonian>)
       return I::plan.size <= kMaxOps ? Kind::splitting : Kind::unsupported;
     else
       return Kind::unsupported;
-  } else if constexpr (std::is_base_of_v<Euler<I::steps>, I>) {
-    return 2 * I::steps <= kMaxOps ? Kind::euler : Kind::unsupported;
-  } else if constexpr (std::is_base_of_v<Uncoupled<I::steps>, I>) {
+  } else if constexpr (form == StepForm::simultaneous) {
+    if constexpr (std::is_same_v<typename I::hamiltonian, TanhHamiltonian>)
+      return 2 * I::steps <= kMaxOps ? Kind::euler : Kind::unsupported;
+    else
+      return Kind::unsupported;
+  } else if constexpr (form == StepForm::separate &&
+                       std::is_same_v<typename I::template parameters<float>, UncoupledParameters<float>>) {
     return 2 * I::steps <= kMaxOps ? Kind::uncoupled : Kind::unsupported;
   } else {
     return Kind::unsupported;
@@ -871,36 +871,36 @@ inline std::string shape_string(const DynamicsDims& dims) {
          ", d = " + std::to_string(dims.head_dim) + ", m = " + std::to_string(dims.hidden) + ")";
 }
 
-/// Throws std::invalid_argument naming the value and what is accepted.
+/// Throws coupledqk::invalid_argument naming the value and what is accepted.
 inline void validate(const DynamicsDims& dims, Kind kind, const char* fn) {
   const std::string where = std::string("coupledqk::cuda::") + fn + ": ";
   if (dims.pairs < 0)
-    throw std::invalid_argument(where + "pairs P = " + std::to_string(dims.pairs) + " is negative; accepted: P >= 0");
+    throw ::coupledqk::invalid_argument(where + "pairs P = " + std::to_string(dims.pairs) + " is negative; accepted: P >= 0");
   if (dims.heads < 1)
-    throw std::invalid_argument(where + "heads H = " + std::to_string(dims.heads) + " is not supported; accepted: H >= 1");
+    throw ::coupledqk::invalid_argument(where + "heads H = " + std::to_string(dims.heads) + " is not supported; accepted: H >= 1");
   if (kind == Kind::identity) {
     if (dims.head_dim < 1)
-      throw std::invalid_argument(where + "head_dim d = " + std::to_string(dims.head_dim) +
+      throw ::coupledqk::invalid_argument(where + "head_dim d = " + std::to_string(dims.head_dim) +
                                   " is not supported; accepted: d >= 1");
     return;
   }
   if (dims.head_dim < 1 || dims.head_dim > kMaxDim)
-    throw std::invalid_argument(where + "head_dim d = " + std::to_string(dims.head_dim) +
+    throw ::coupledqk::invalid_argument(where + "head_dim d = " + std::to_string(dims.head_dim) +
                                 " is not supported; accepted: 1 <= d <= " + std::to_string(kMaxDim));
   if (kind == Kind::uncoupled) {
     if (dims.hidden < 2 || dims.hidden > kMaxDim || dims.hidden % 2 != 0)
-      throw std::invalid_argument(where + "hidden m = " + std::to_string(dims.hidden) +
+      throw ::coupledqk::invalid_argument(where + "hidden m = " + std::to_string(dims.hidden) +
                                   " is not supported by Uncoupled; accepted: m even, 2 <= m <= " +
                                   std::to_string(kMaxDim) + " (q and k each get m/2 units)");
   } else if (dims.hidden < 1 || dims.hidden > kMaxDim) {
-    throw std::invalid_argument(where + "hidden m = " + std::to_string(dims.hidden) +
+    throw ::coupledqk::invalid_argument(where + "hidden m = " + std::to_string(dims.hidden) +
                                 " is not supported; accepted: 1 <= m <= " + std::to_string(kMaxDim));
   }
 }
 
 inline void require_pointer(const void* p, const char* name, const char* fn, const DynamicsDims& dims) {
   if (p == nullptr)
-    throw std::invalid_argument(std::string("coupledqk::cuda::") + fn + ": " + name + " is null; shape " +
+    throw ::coupledqk::invalid_argument(std::string("coupledqk::cuda::") + fn + ": " + name + " is null; shape " +
                                 shape_string(dims) + " needs it");
 }
 

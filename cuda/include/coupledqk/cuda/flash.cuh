@@ -982,7 +982,7 @@ void dispatch_widths(Index dqk, Index dv, F&& f) {
 }
 
 [[noreturn]] inline void fail(const char* who, const std::string& what) {
-  throw std::invalid_argument(std::string("coupledqk::cuda::") + who + ": " + what);
+  throw ::coupledqk::invalid_argument(std::string("coupledqk::cuda::") + who + ": " + what);
 }
 
 inline void validate(const FlashLayout& l, const char* who) {

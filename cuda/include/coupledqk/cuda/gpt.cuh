@@ -80,49 +80,56 @@ struct GptLayout {
   Index dynamics = 0;
 };
 
-/// The layout of the GPT `config` whose attention layers have the parameters of HostLayer (a
-/// coupledqk::Attention<float, I, Sc>; one is built on the host for its names and shapes).
+/// The layout of the GPT `config` whose attention layers are HostLayer (a coupledqk::Attention<float,
+/// I, Sc>), from the shapes alone: the CPU model's one tensor list (visit_gpt_tensors) and the
+/// layer's parameter_specs, the decay rule AdamW's.
 template <class HostLayer>
 GptLayout gpt_layout(const GptConfig& config) {
-  const Index V = config.vocab, D = config.dim, C = config.context, M = config.mlp_dim();
   GptLayout out;
   auto add = [&](const std::string& name, std::vector<Index> shape) {
-    Index n = 1;
-    for (Index k : shape) n *= k;
     ParameterSpec s;
     s.name = name;
-    s.decay = shape.size() == 2;  // AdamW<S>::decays
+    s.decay = AdamW<float>::decays(shape);
     s.shape = std::move(shape);
     s.offset = out.total;
-    s.size = n;
+    s.size = 1;
+    for (Index k : s.shape) s.size *= k;
     out.specs.push_back(std::move(s));
-    out.total += n;
+    out.total += out.specs.back().size;
     return out.specs.back().offset;
   };
-  HostLayer layer(config.attention_config(0), 0);  // names and shapes only (the same for every layer)
-  std::vector<TensorView<float>> attn;
-  append_views<float>(layer.params, "", attn);
-  out.offsets.wte = add("wte", {V, D});
-  out.offsets.wpe = add("wpe", {C, D});
-  for (Index l = 0; l < config.layers; ++l) {
-    GptOffsets::Block b;
-    const std::string p = "h." + std::to_string(l) + ".";
-    b.ln1_g = add(p + "ln1.g", {D});
-    b.ln1_b = add(p + "ln1.b", {D});
-    b.attn = out.total;
-    for (const auto& v : attn) add(p + "attn." + v.name, v.shape);
-    b.attn_size = out.total - b.attn;
-    b.ln2_g = add(p + "ln2.g", {D});
-    b.ln2_b = add(p + "ln2.b", {D});
-    b.fc_w = add(p + "mlp.fc.w", {D, M});
-    b.fc_b = add(p + "mlp.fc.b", {M});
-    b.proj_w = add(p + "mlp.proj.w", {M, D});
-    b.proj_b = add(p + "mlp.proj.b", {D});
-    out.offsets.blocks.push_back(b);
-  }
-  out.offsets.lnf_g = add("ln_f.g", {D});
-  out.offsets.lnf_b = add("ln_f.b", {D});
-  out.dynamics = config.layers * layer.dynamics_parameter_count();
+  const AttentionConfig layer_config = config.attention_config(0);  // the same shapes in every layer
+  const std::vector<TensorSpec> attn = HostLayer::parameter_specs(layer_config);
+  const auto layer_layout = HostLayer::parameter_layout(layer_config);
+  out.offsets.blocks.resize(static_cast<std::size_t>(config.layers));
+  visit_gpt_tensors(
+      config, static_cast<const GptTensors<float>*>(nullptr),
+      [&](Index l, GptTensor id, const char* name, const GptShape& shape, GptInit, const auto*) {
+        const Index at = add(gpt_tensor_name(l, name), shape.dims());
+        GptOffsets::Block* b = l >= 0 ? &out.offsets.blocks[static_cast<std::size_t>(l)] : nullptr;
+        switch (id) {
+          case GptTensor::wte: out.offsets.wte = at; break;
+          case GptTensor::wpe: out.offsets.wpe = at; break;
+          case GptTensor::lnf_g: out.offsets.lnf_g = at; break;
+          case GptTensor::lnf_b: out.offsets.lnf_b = at; break;
+          case GptTensor::ln1_g: b->ln1_g = at; break;
+          case GptTensor::ln1_b: b->ln1_b = at; break;
+          case GptTensor::ln2_g: b->ln2_g = at; break;
+          case GptTensor::ln2_b: b->ln2_b = at; break;
+          case GptTensor::fc_w: b->fc_w = at; break;
+          case GptTensor::fc_b: b->fc_b = at; break;
+          case GptTensor::proj_w: b->proj_w = at; break;
+          case GptTensor::proj_b: b->proj_b = at; break;
+        }
+      },
+      [&](Index l) {
+        GptOffsets::Block& b = out.offsets.blocks[static_cast<std::size_t>(l)];
+        b.attn = out.total;
+        const std::string prefix = gpt_tensor_name(l, "attn.");
+        for (const auto& v : attn) add(prefix + v.name, v.shape);
+        b.attn_size = out.total - b.attn;
+      });
+  out.dynamics = config.layers * (layer_layout.dynamics + layer_layout.rho);
   return out;
 }
 
@@ -519,8 +526,9 @@ class Gpt final : public detail::GptCore<T> {
   using HostLayer = typename Layer::Host;
   using Context = typename Layer::Context;
 
-  /// config.attention and config.steps are set from the policies (as coupledqk::Gpt does).
-  explicit Gpt(const GptConfig& config) : Gpt(named(config), 0) {}
+  /// config.attention and config.steps are set from the policies (as coupledqk::Gpt does; `name`
+  /// for policies outside the built-in table).
+  explicit Gpt(const GptConfig& config, const std::string& name = {}) : Gpt(named(config, name), 0) {}
 
   Layer& layer(Index l) { return *layers_.at(static_cast<std::size_t>(l)); }
   const Layer& layer(Index l) const { return *layers_.at(static_cast<std::size_t>(l)); }
@@ -547,9 +555,9 @@ class Gpt final : public detail::GptCore<T> {
     }
   }
 
-  static GptConfig named(GptConfig c) {
+  static GptConfig named(GptConfig c, const std::string& name) {
     ::coupledqk::validate(c);
-    c.attention = ::coupledqk::detail::gpt_variant_name<Integrator, Scoring>();
+    c.attention = variant_name<Integrator, Scoring>(name);
     if constexpr (Integrator::has_dynamics) c.steps = Integrator::steps;
     return c;
   }
@@ -558,20 +566,39 @@ class Gpt final : public detail::GptCore<T> {
   std::vector<std::unique_ptr<Context>> contexts_;
 };
 
+/// Whether `table`'s variant `name` with `steps` steps has device kernels (has_device_dynamics of
+/// its integrator). False for unknown names and step counts.
+template <class... E>
+bool variant_supported(const VariantTable<E...>& table, std::string_view name, int steps) {
+  if (!table.contains(name) || steps < 1 || steps > max_steps) return false;
+  return table.dispatch(name, steps, [](auto integrator, auto) { return has_device_dynamics<typename decltype(integrator)::type>; });
+}
+inline bool variant_supported(std::string_view name, int steps) { return variant_supported(builtin_variants, name, steps); }
+
 /// The device GPT whose attention layers are the variant config.attention with config.steps steps
-/// (the registry's names, through coupledqk::with_variant), storing activations in `precision`.
-/// Throws coupledqk::invalid_argument for an unknown name, step count or unusable sizes, cuda_error
-/// when no device is usable. (A template only so that translation units that include this header
-/// without calling it do not compile the registry's 44 x 2 models.)
-template <int = 0>
-std::unique_ptr<AnyGpt> make_gpt(const GptConfig& config, Precision precision) {
+/// from `table` (default: the built-in variants), storing activations in `precision`. Throws
+/// coupledqk::invalid_argument for an unknown name, step count, a variant without device kernels or
+/// unusable sizes, cuda_error when no device is usable. (A template only so that translation units
+/// that include this header without calling it do not compile every variant x 2 precisions.)
+template <int = 0, class... E>
+std::unique_ptr<AnyGpt> make_gpt(const GptConfig& config, Precision precision, const VariantTable<E...>& table) {
   ::coupledqk::validate(config);
-  return with_variant(config.attention, config.steps, [&](auto integrator, auto scoring) -> std::unique_ptr<AnyGpt> {
+  return table.dispatch(config.attention, config.steps, [&](auto integrator, auto scoring) -> std::unique_ptr<AnyGpt> {
     using I = typename decltype(integrator)::type;
     using Sc = typename decltype(scoring)::type;
-    if (precision == Precision::bf16) return std::make_unique<Gpt<I, Sc, bf16>>(config);
-    return std::make_unique<Gpt<I, Sc, float>>(config);
+    if constexpr (!has_device_dynamics<I>) {
+      require(false, "cuda gpt: attention '", config.attention, "' with ", config.steps,
+              " steps has no device kernels (its integrator '", I::name, "' is not supported by cuda/dynamics.cuh)");
+      return nullptr;
+    } else {
+      if (precision == Precision::bf16) return std::make_unique<Gpt<I, Sc, bf16>>(config, config.attention);
+      return std::make_unique<Gpt<I, Sc, float>>(config, config.attention);
+    }
   });
+}
+template <int = 0>
+std::unique_ptr<AnyGpt> make_gpt(const GptConfig& config, Precision precision) {
+  return make_gpt(config, precision, builtin_variants);
 }
 
 // ---- AdamW on the device ------------------------------------------------------------------------------

@@ -22,6 +22,8 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+
+#include <coupledqk/core/error.hpp>
 #include <utility>
 #include <vector>
 
@@ -117,11 +119,11 @@ enum class Precision { f32, bf16 };
 
 inline const char* to_string(Precision p) { return p == Precision::f32 ? "f32" : "bf16"; }
 
-/// Parses "f32"/"float32" or "bf16"; throws std::invalid_argument naming what is accepted.
+/// Parses "f32"/"float32" or "bf16"; throws coupledqk::invalid_argument naming what is accepted.
 inline Precision parse_precision(const std::string& s) {
   if (s == "f32" || s == "float32" || s == "fp32") return Precision::f32;
   if (s == "bf16" || s == "bfloat16") return Precision::bf16;
-  throw std::invalid_argument("unknown precision '" + s + "'; accepted: f32 (float32), bf16 (bfloat16 storage, float32 accumulation)");
+  throw ::coupledqk::invalid_argument("unknown precision '" + s + "'; accepted: f32 (float32), bf16 (bfloat16 storage, float32 accumulation)");
 }
 
 template <class T>

@@ -50,7 +50,7 @@ constexpr int kMaxChannelsPerLane = 8;  // 2d <= 256 channels over 32 lanes
 constexpr int kMaxNormBlocks = 1024;    // partial sums of the Differential backward
 
 [[noreturn]] inline void fail(const char* who, const std::string& what) {
-  throw std::invalid_argument(std::string("coupledqk::cuda::") + who + ": " + what);
+  throw ::coupledqk::invalid_argument(std::string("coupledqk::cuda::") + who + ": " + what);
 }
 
 inline void validate_dims(const ScoringDims& d, const char* who) {

@@ -13,7 +13,7 @@
 #pragma once
 
 #include "../attention.hpp"
-#include "ops.hpp"
+#include "../autodiff/ops.hpp"
 
 namespace coupledqk::ops {
 
