@@ -52,6 +52,7 @@
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #define COUPLEDQK_IO_POSIX 1
@@ -905,6 +906,41 @@ inline void write_file_atomically(const std::string& path, const unsigned char* 
     }
   }
 #endif
+}
+
+/// Removes the temporary files that write_file_atomically(path, ...) left behind in path's folder
+/// when its process was killed mid-write (".<name>.tmp.<pid>.<n>" whose process <pid> no longer
+/// exists; a live process's are kept). Returns how many were removed; never throws (a file that
+/// cannot be removed is left). POSIX only; elsewhere it removes nothing.
+inline std::size_t remove_stale_temporaries(const std::string& path) {
+  std::size_t removed = 0;
+#if COUPLEDQK_IO_POSIX
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  if (path.empty() || !target.has_filename()) return 0;
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = "." + target.filename().string() + ".tmp.";
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // "<pid>.<n>"
+    const std::size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || dot > 9 || dot + 1 == rest.size() ||
+        rest.find_first_not_of("0123456789.") != std::string::npos || rest.find('.', dot + 1) != std::string::npos)
+      continue;
+    const long pid = std::stol(rest.substr(0, dot));
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code rm;
+    std::error_code type_ec;
+    if (fs::is_regular_file(it->symlink_status(type_ec)) && fs::remove(it->path(), rm)) ++removed;
+  }
+#else
+  (void)path;
+#endif
+  return removed;
 }
 
 /// Serialises `f` and writes it to `path` atomically (see write_file_atomically): if anything
