@@ -696,3 +696,25 @@ TEST_CASE("safetensors: more than max_tensors entries are refused before they ar
   header += "}";
   CHECK_REJECTED(raw_file(header), "more than 100000 tensors", "at most 100000 are accepted");
 }
+
+TEST_CASE("safetensors: remove_stale_temporaries removes a killed writer's temporaries, keeps the rest") {
+  temp_dir dir;
+  const std::string target = dir / "ckpt.safetensors";
+  const float v = 1;
+  io::file f;
+  f.add(io::tensor::from<float>("t", {}, &v));
+  io::write(target, f);
+  const std::string stale = dir / ".ckpt.safetensors.tmp.999999999.4";       // above any Linux pid_max
+  const std::string live = dir / (".ckpt.safetensors.tmp." + std::to_string(::getppid()) + ".0");  // a live process
+  const std::string other = dir / ".other.safetensors.tmp.999999999.0";      // another file's
+  const std::string odd = dir / ".ckpt.safetensors.tmp.999999999.4.bak";     // not the writer's pattern
+  for (const std::string& p : {stale, live, other, odd}) write_bytes(p, zeros(16));
+  CHECK(io::remove_stale_temporaries(target) == 1);
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(live));
+  CHECK(fs::exists(other));
+  CHECK(fs::exists(odd));
+  CHECK(fs::exists(target));
+  CHECK(io::remove_stale_temporaries(target) == 0);
+  CHECK(io::remove_stale_temporaries(dir / "absent-folder/x.safetensors") == 0);
+}

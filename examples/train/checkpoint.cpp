@@ -313,9 +313,15 @@ Checkpoint checkpoint_from_file(io::file file) {
     throw io_error(where(path) + "the metadata says " + std::to_string(m.layers) + " layers but the file holds only " +
                    std::to_string(model_tensors) + " model tensors");
   for (Index l = 0; l < m.layers; ++l) expect_shape("model.h." + std::to_string(l) + ".attn.wq", {m.dim, m.dim});
-  if (m.hidden > floats)
-    throw io_error(where(path) + "the metadata's dynamics width m = " + std::to_string(m.hidden) +
-                   " is more than the " + std::to_string(floats) + " parameters the file holds");
+  // The dynamics of a coupled or uncoupled layer hold at least a [d, m] map per layer (none for
+  // standard and diff, which ignore m).
+  const bool dynamics = m.attention != "standard" && m.attention != "diff";
+  const double d = static_cast<double>(m.dim) / static_cast<double>(m.heads);
+  const double width = m.hidden > 0 ? static_cast<double>(m.hidden) : d;
+  if (m.hidden > floats || (dynamics && static_cast<double>(m.layers) * d * width > static_cast<double>(floats)))
+    throw io_error(where(path) + "the metadata's dynamics width m = " + std::to_string(m.hidden) + " (d = D/H = " +
+                   std::to_string(m.dim / m.heads) + ", " + std::to_string(m.layers) +
+                   " layers) needs more parameters than the " + std::to_string(floats) + " the file holds");
   return c;
 }
 

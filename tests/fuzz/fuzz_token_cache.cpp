@@ -1,5 +1,5 @@
 // libFuzzer target: the token-stream cache reader (examples/train/tokenizer.cpp,
-// parse_token_file): any bytes are either a valid stream (every id below the vocabulary) or a
+// parse_token_file, for the vocabularies of the seeds): any bytes are either a valid stream (every id below the vocabulary) or a
 // reason to rebuild; never a crash or an exception.
 #include <cstddef>
 #include <cstdint>
@@ -13,7 +13,7 @@ namespace ct = coupledqk::train;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);
-  for (int vocab : {512, 8192}) {
+  for (int vocab : {400, 512, 8192}) {
     std::vector<std::int32_t> ids;
     std::string why;
     if (ct::parse_token_file(bytes, vocab, ids, why)) {

@@ -59,11 +59,16 @@ def checkpoint_seeds(tool):
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus")
         os.makedirs(corpus)
-        words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
-        for i in range(12):
-            text = "\n\n".join(" ".join(words[(i + j + k) % len(words)] for k in range(9)) + "." for j in range(20))
+        import random
+        rng = random.Random(14)
+        syllables = "ka lo mi ren tas po su ve dan iro gel fu na ter qui bas ol yem zor ip".split()
+        for i in range(30):
+            paragraphs = []
+            for _ in range(12):
+                words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(6, 14))]
+                paragraphs.append(" ".join(words).capitalize() + ".")
             with open(os.path.join(corpus, "doc%02d.txt" % i), "w") as f:
-                f.write(text + "\n")
+                f.write("\n\n".join(paragraphs) + "\n")
         for variant in ("standard", "leapfrog"):
             path = os.path.join(tmp, variant + ".safetensors")
             subprocess.run([tool, "--corpus", corpus, "--cache", os.path.join(tmp, "cache"), "--vocab", "400",
