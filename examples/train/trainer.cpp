@@ -113,8 +113,9 @@ std::string fmt(const char* format, double v) {
 }
 
 /// Creates and removes a file in `dir` the way the checkpoint writer does; throws io_error naming
-/// --checkpoint and the reason when the folder takes no new file (permissions, a read-only file system).
-void require_writable_folder(const std::string& checkpoint, const std::filesystem::path& dir) {
+/// the flag (--checkpoint, --metrics) and the reason when the folder takes no new file (permissions,
+/// a read-only file system).
+void require_writable_folder(const char* flag, const std::string& checkpoint, const std::filesystem::path& dir) {
 #if defined(__unix__) || defined(__APPLE__)
   const std::filesystem::path probe =
       dir / ("." + std::filesystem::path(checkpoint).filename().string() + ".tmp." +
@@ -123,12 +124,13 @@ void require_writable_folder(const std::string& checkpoint, const std::filesyste
   if (fd < 0) {
     const int err = errno;
     if (err == EEXIST) return;  // a file of that name exists: the folder is writable enough to have it
-    throw io_error("--checkpoint '" + checkpoint + "': cannot create a file in the folder '" + dir.string() +
-                   "' (" + std::strerror(err) + "); the checkpoint could not be written at the end of the run");
+    throw io_error(std::string(flag) + " '" + checkpoint + "': cannot create a file in the folder '" + dir.string() +
+                   "' (" + std::strerror(err) + "); it could not be written during the run");
   }
   ::close(fd);
   ::unlink(probe.c_str());
 #else
+  (void)flag;
   (void)checkpoint;
   (void)dir;
 #endif
@@ -346,6 +348,7 @@ void preflight(const TrainOptions& o) {
     if (!fs::is_directory(dir, ec))
       throw io_error("--metrics '" + o.metrics + "': the folder '" + dir.string() + "' does not exist");
     if (fs::is_directory(p, ec)) throw io_error("--metrics '" + o.metrics + "' is a folder; give a file path");
+    require_writable_folder("--metrics", o.metrics, dir);
   }
   if (o.checkpoint.empty()) return;
   std::error_code ec;
@@ -366,7 +369,7 @@ void preflight(const TrainOptions& o) {
                    "'; drop --resume to start a new run there");
   // The checkpoint is written next to itself (a temporary file, then a rename): find out now, not
   // after the whole training, that the folder takes no new file.
-  require_writable_folder(o.checkpoint, dir);
+  require_writable_folder("--checkpoint", o.checkpoint, dir);
   // Temporaries of earlier writes of this checkpoint whose process was killed mid-write.
   if (const std::size_t n = io::remove_stale_temporaries(o.checkpoint))
     std::fprintf(stderr, "note: removed %zu stale temporary file(s) of '%s' left by a killed run\n", n,

@@ -354,11 +354,15 @@ TEST_CASE("coupledqk-train: hostile checkpoints are refused in the preflight, wi
          const float nan = std::nanf("");
          std::memcpy(tensor(f, "model.h.1.mlp.fc.w").bytes.data() + 4, &nan, 4);
        },
-       "not finite"},
+       "holds a non-finite value"},
       {"int-tensor", [&](coupledqk::io::file& f) { tensor(f, "model.h.0.ln1.g").type = coupledqk::io::dtype::I32; },
        "has dtype I32; expected a floating-point dtype"},
       {"opt-step", [&](coupledqk::io::file& f) { tensor(f, "opt.step").bytes.assign(4, 0); }, "opt.step"},
-      {"tokenizer", [&](coupledqk::io::file& f) { tensor(f, "tokenizer.model").bytes.assign(64, 7); },
+      {"tokenizer",
+       [&](coupledqk::io::file& f) {
+         tensor(f, "tokenizer.model").bytes.assign(64, 7);
+         tensor(f, "tokenizer.model").shape = {64};
+       },
        "tokenizer.model is not a SentencePiece model"},
       {"huge-dim",
        [&](coupledqk::io::file& f) {
@@ -397,6 +401,10 @@ TEST_CASE("coupledqk-train: an unwritable checkpoint folder fails before trainin
   CHECK(r.status == 1);
   CHECK(contains(r.err, "--checkpoint '/proc/coupledqk-test.safetensors': cannot create a file in the folder '/proc'"));
   CHECK_FALSE(fs::exists(cache));  // refused before the data was prepared
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " --metrics /proc/coupledqk-test.jsonl");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "--metrics '/proc/coupledqk-test.jsonl': cannot create a file in the folder '/proc'"));
+  CHECK_FALSE(fs::exists(cache));
 
   // A write killed mid-way left ".NAME.tmp.PID.N"; the next run of that checkpoint removes it (its
   // process is gone) but keeps a live process's.
