@@ -341,6 +341,7 @@ TEST_CASE("coupledqk-train: hostile checkpoints are refused in the preflight, wi
     const char* name;
     std::function<void(coupledqk::io::file&)> edit;
     const char* message;
+    bool generate_refuses = true;  // generation reads no optimiser state
   };
   auto tensor = [](coupledqk::io::file& f, const std::string& name) -> coupledqk::io::tensor& {
     for (auto& t : f.tensors)
@@ -357,7 +358,7 @@ TEST_CASE("coupledqk-train: hostile checkpoints are refused in the preflight, wi
        "holds a non-finite value"},
       {"int-tensor", [&](coupledqk::io::file& f) { tensor(f, "model.h.0.ln1.g").type = coupledqk::io::dtype::I32; },
        "has dtype I32; expected a floating-point dtype"},
-      {"opt-step", [&](coupledqk::io::file& f) { tensor(f, "opt.step").bytes.assign(4, 0); }, "opt.step"},
+      {"opt-step", [&](coupledqk::io::file& f) { tensor(f, "opt.step").bytes.assign(4, 0); }, "opt.step", false},
       {"tokenizer",
        [&](coupledqk::io::file& f) {
          tensor(f, "tokenizer.model").bytes.assign(64, 7);
@@ -383,8 +384,8 @@ TEST_CASE("coupledqk-train: hostile checkpoints are refused in the preflight, wi
     CHECK_FALSE(fs::exists(cache));
     CHECK(read_file(bad) == before);
     r = run_tool(dir, COUPLEDQK_TRAIN_BIN, "generate --checkpoint '" + bad + "' --tokens 3");
-    CHECK(r.status == 1);
-    CHECK(contains(r.err, c.message));
+    CHECK(r.status == (c.generate_refuses ? 1 : 0));
+    if (c.generate_refuses) CHECK(contains(r.err, c.message));
   }
 }
 
@@ -464,7 +465,7 @@ TEST_CASE("coupledqk-layer: hostile layer files exit 1 with the file and the pro
        "\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1],\"data_offsets\":[0,4]}}",
        4, "bytes in all"},
       // a dynamics width far beyond what the file holds: std::bad_alloc before
-      {"huge-m", "{" + meta.substr(0, meta.size() - 1) + R"(,"m":"2000000000"},"x":{"dtype":"F32","shape":[1,1,1],"data_offsets":[0,4]},"dy":{"dtype":"F32","shape":[1,1,1],"data_offsets":[4,8]}})",
+      {"huge-m", "{" + meta + R"(,"m":"2000000000"},"x":{"dtype":"F32","shape":[1,1,1],"data_offsets":[0,4]},"dy":{"dtype":"F32","shape":[1,1,1],"data_offsets":[4,8]}})",
        8, "metadata 'm' is 2000000000, more than the 2 elements the file holds"},
       // a sequence long enough that the scores [B, H, T, T] cannot fit
       {"huge-t", "{" + meta + R"(},"x":{"dtype":"F32","shape":[1,4000000,1],"data_offsets":[0,16000000]},"dy":{"dtype":"F32","shape":[1,4000000,1],"data_offsets":[16000000,32000000]}})",
