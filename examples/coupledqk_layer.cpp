@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <coupledqk/io/safetensors.hpp>
 #include <coupledqk/registry.hpp>
 
@@ -128,7 +130,7 @@ long long metadata_integer(const io::file& f, const std::string& key, const std:
     std::vector<std::string> keys;
     for (const auto& kv : f.metadata) keys.push_back(kv.first);
     throw coupledqk::io_error(where + " is missing; expected " + accepted +
-                              " (metadata keys present: " + coupledqk::join_names(keys) + ")");
+                              " (metadata keys present: " + io::detail::join_names(keys) + ")");
   }
   const std::string& s = *value;
   std::size_t i = (!s.empty() && s[0] == '-') ? 1 : 0;
@@ -142,7 +144,8 @@ long long metadata_integer(const io::file& f, const std::string& key, const std:
     ok = errno == 0 && end == s.c_str() + s.size();
   }
   if (!ok)
-    throw coupledqk::io_error(where + " is \"" + s + "\", which is not an integer; expected " + accepted);
+    throw coupledqk::io_error(where + " is \"" + io::detail::quote(s) + "\", which is not an integer; expected " +
+                              accepted);
   if (v < lo || v > hi) throw coupledqk::io_error(where + " is " + s + "; expected " + accepted);
   return v;
 }
@@ -162,9 +165,12 @@ case_settings read_settings(const io::file& f) {
     for (const auto& kv : f.metadata) keys.push_back(kv.first);
     throw coupledqk::io_error(in_file(f.source) + "metadata 'attention' is missing; expected one of " +
                               coupledqk::builtin_variants.names_joined() +
-                              " (metadata keys present: " + coupledqk::join_names(keys) + ")");
+                              " (metadata keys present: " + io::detail::join_names(keys) + ")");
   }
   c.attention = *attention;
+  if (!coupledqk::builtin_variants.contains(c.attention))
+    throw coupledqk::io_error(in_file(f.source) + "metadata 'attention' is '" + io::detail::quote(c.attention) +
+                              "'; expected one of " + coupledqk::builtin_variants.names_joined());
   const long long int_max = std::numeric_limits<int>::max();
   c.steps = static_cast<int>(metadata_integer(f, "steps", f.find_meta("steps"), 1, coupledqk::max_steps,
                                               "an integer in 1.." + std::to_string(coupledqk::max_steps)));
@@ -198,6 +204,25 @@ void run(const io::file& in, const case_settings& settings, bool recompute, cons
   const std::vector<std::int64_t> shape = activation_shape(in);
   const Index B = static_cast<Index>(shape[0]), T = static_cast<Index>(shape[1]),
               D = static_cast<Index>(shape[2]);
+  // Sizes from the file, checked before anything is allocated from them: the dynamics width
+  // cannot exceed the parameters the file holds, and the layer's scores [B, H, T, T] (a few copies
+  // of them are kept for the backward) must fit in memory.
+  double held = 0;
+  for (const auto& t : in.tensors) held += static_cast<double>(t.numel());
+  if (static_cast<double>(settings.hidden) > held)
+    throw coupledqk::io_error(in_file(in.source) + "metadata 'm' is " + std::to_string(settings.hidden) +
+                              ", more than the " + std::to_string(static_cast<long long>(held)) +
+                              " elements the file holds; the dynamics' tensors cannot match it");
+  const double scores = static_cast<double>(B) * static_cast<double>(settings.heads) * static_cast<double>(T) *
+                        static_cast<double>(T) * static_cast<double>(sizeof(S));
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
+  const double memory = pages > 0 && page_size > 0 ? static_cast<double>(pages) * static_cast<double>(page_size) : 0;
+  if (memory > 0 && 4 * scores > memory)
+    throw coupledqk::io_error(in_file(in.source) + "x has shape " + shape_string(shape) + " and heads is " +
+                              std::to_string(settings.heads) + ": the attention scores [B, H, T, T] alone need " +
+                              std::to_string(static_cast<long long>(scores / 1e6)) + " MB (several copies are kept), "
+                              "more than this machine's " + std::to_string(static_cast<long long>(memory / 1e6)) +
+                              " MB of memory");
 
   coupledqk::AttentionConfig config;
   config.dim = D;
@@ -217,7 +242,7 @@ void run(const io::file& in, const case_settings& settings, bool recompute, cons
     if (!accepted_set.count(t.name)) extra.push_back(t.name);
   if (!extra.empty())
     throw coupledqk::io_error(in_file(in.source) + "unexpected tensor" + (extra.size() > 1 ? "s " : " ") +
-                              coupledqk::join_names(extra) + " for attention '" + settings.attention +
+                              io::detail::join_names(extra) + " for attention '" + settings.attention +
                               "'; accepted: " + coupledqk::join_names(accepted));
   io::load_into(in, params);
   layer->check_parameters();
@@ -262,7 +287,7 @@ int main(int argc, char** argv) {
                                 "; expected F32 or F64");
     for (const auto& t : in.tensors)
       if (t.type != x.type)
-        throw coupledqk::io_error(in_file(in.source) + "tensor '" + t.name + "' has dtype " +
+        throw coupledqk::io_error(in_file(in.source) + "tensor '" + io::detail::quote(t.name) + "' has dtype " +
                                   io::to_string(t.type) + " but 'x' has " + io::to_string(x.type) +
                                   "; all tensors must share one dtype (F32 or F64)");
     if (x.type == io::dtype::F64)

@@ -620,3 +620,101 @@ TEST_CASE("safetensors: load_into reports shape mismatches and missing tensors, 
     CHECK(has(e.what(), "'wq' has dtype I32"));
   }
 }
+
+// ---- hostile headers (issue 14): each case crashed or overflowed before the limits existed -------
+
+TEST_CASE("safetensors: a header nesting arrays 100,000 deep is refused, not a stack overflow") {
+  // {"a":[[[[...]]]]} -- 200 KB. The parse survived, but the message printed the entry with dump(),
+  // which recursed once per level and died with SIGSEGV.
+  const std::size_t depth = 100000;
+  const std::string header = "{\"a\":" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  CHECK_REJECTED(raw_file(header), "nests JSON arrays or objects more than 8 levels deep");
+  // Objects nest the same way, and so does a deep value in the metadata.
+  std::string objects = "{\"a\":";
+  for (int i = 0; i < 50000; ++i) objects += "{\"b\":";
+  objects += "1" + std::string(50001, '}');
+  CHECK_REJECTED(raw_file(objects), "more than 8 levels deep");
+  CHECK_REJECTED(raw_file("{\"__metadata__\":{\"k\":" + std::string(depth, '[') + std::string(depth, ']') + "}}"),
+                 "more than 8 levels deep");
+  // Nesting within the limit is parsed, then rejected for what it is.
+  CHECK_REJECTED(raw_file("{\"a\":[[[[1]]]]}"), "tensor 'a'", "entry is a JSON array");
+}
+
+TEST_CASE("safetensors: a shape whose dimensions multiply past 2^63 is refused even with a zero") {
+  // [2^62, 2, 0]: the unsigned product check passed (2^63, then 0), and numel() overflowed int64.
+  const std::string big = std::to_string(std::uint64_t(1) << 62);
+  CHECK_REJECTED(raw_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[" + big + ",2,0],\"data_offsets\":[0,0]}}"),
+                 "tensor 't'", "multiply past 2^63 - 1");
+  CHECK_REJECTED(raw_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[0," + big + ",4],\"data_offsets\":[0,0]}}"),
+                 "multiply past 2^63 - 1");
+  CHECK_REJECTED(raw_file("{\"t\":{\"dtype\":\"F32\",\"shape\":[9223372036854775808],\"data_offsets\":[0,0]}}"),
+                 "above 2^63 - 1");
+  // The largest products that fit are parsed (and an empty one holds no bytes).
+  const io::file f = io::parse(
+      raw_file("{\"t\":{\"dtype\":\"U8\",\"shape\":[" + big + ",0,1],\"data_offsets\":[0,0]}}"), "case.safetensors");
+  CHECK(f.at("t").numel() == 0);
+  // numel() of a hand-made tensor checks too.
+  io::tensor t;
+  t.name = "hand";
+  t.shape = {std::int64_t(1) << 62, 2, 0};
+  CHECK_THROWS_AS(t.numel(), coupledqk::io_error);
+  t.shape = {3, -1};
+  CHECK_THROWS_AS(t.numel(), coupledqk::io_error);
+}
+
+TEST_CASE("safetensors: values quoted from a hostile header are cut to a bounded length") {
+  const std::string long_name(1 << 20, 'x');
+  const std::string long_value = "\"" + std::string(1 << 20, 'y') + "\"";
+  for (const std::string& header :
+       {"{\"" + long_name + "\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,3]}}",
+        "{\"t\":{\"dtype\":" + long_value + ",\"shape\":[1],\"data_offsets\":[0,4]}}",
+        "{\"t\":[" + long_value + "]}", "{\"__metadata__\":{\"k\":[" + long_value + "]}}",
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"" + long_name + "\":1}}"}) {
+    const std::string msg = parse_error(raw_file(header, zeros(4)));
+    INFO(msg.substr(0, 300));
+    CHECK_FALSE(msg.empty());
+    CHECK(msg.size() < 1000);
+    CHECK(has(msg, "bytes in all"));
+  }
+  // A lookup lists a bounded number of the names a file holds.
+  io::file many;
+  const float v = 1;
+  for (int i = 0; i < 100; ++i) many.add(io::tensor::from<float>("t" + std::to_string(i), {}, &v));
+  try {
+    many.at("missing");
+    FAIL("expected io_error");
+  } catch (const coupledqk::io_error& e) {
+    CHECK(has(e.what(), "(100 in all)"));
+    CHECK_FALSE(has(e.what(), "t99"));
+  }
+}
+
+TEST_CASE("safetensors: more than max_tensors entries are refused before they are examined") {
+  std::string header = "{";
+  for (std::size_t i = 0; i <= io::max_tensors; ++i)
+    header += (i ? "," : "") + ("\"" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}");
+  header += "}";
+  CHECK_REJECTED(raw_file(header), "more than 100000 tensors", "at most 100000 are accepted");
+}
+
+TEST_CASE("safetensors: remove_stale_temporaries removes a killed writer's temporaries, keeps the rest") {
+  temp_dir dir;
+  const std::string target = dir / "ckpt.safetensors";
+  const float v = 1;
+  io::file f;
+  f.add(io::tensor::from<float>("t", {}, &v));
+  io::write(target, f);
+  const std::string stale = dir / ".ckpt.safetensors.tmp.999999999.4";       // above any Linux pid_max
+  const std::string live = dir / (".ckpt.safetensors.tmp." + std::to_string(::getppid()) + ".0");  // a live process
+  const std::string other = dir / ".other.safetensors.tmp.999999999.0";      // another file's
+  const std::string odd = dir / ".ckpt.safetensors.tmp.999999999.4.bak";     // not the writer's pattern
+  for (const std::string& p : {stale, live, other, odd}) write_bytes(p, zeros(16));
+  CHECK(io::remove_stale_temporaries(target) == 1);
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(live));
+  CHECK(fs::exists(other));
+  CHECK(fs::exists(odd));
+  CHECK(fs::exists(target));
+  CHECK(io::remove_stale_temporaries(target) == 0);
+  CHECK(io::remove_stale_temporaries(dir / "absent-folder/x.safetensors") == 0);
+}

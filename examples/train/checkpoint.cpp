@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -29,6 +30,12 @@ using json = nlohmann::ordered_json;
 
 std::string where(const std::string& source) { return "checkpoint '" + source + "': "; }
 
+/// A value from the file, fit for a message (bounded length; see io::detail::excerpt).
+std::string shown(const json& v) { return io::detail::excerpt(v); }
+
+/// Longest string field accepted in the metadata (names, hashes, corpus keys are far shorter).
+constexpr std::size_t max_string_field = 1024;
+
 // ---- reading JSON fields with messages that name the field -----------------------------------
 
 const json& field(const json& obj, const char* key, const std::string& path, const std::string& source) {
@@ -46,12 +53,21 @@ T get(const json& obj, const char* key, const std::string& path, const std::stri
       if (!v.is_number()) throw std::runtime_error("not a number");
     } else if constexpr (std::is_integral_v<T>) {
       if (!v.is_number_integer()) throw std::runtime_error("not an integer");
+      // get<T>() would wrap a value outside T's range silently.
+      const bool fits = v.is_number_unsigned()
+                            ? v.template get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
+                            : v.template get<std::int64_t>() >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
+                                  v.template get<std::int64_t>() <= static_cast<std::int64_t>(std::numeric_limits<T>::max());
+      if (!fits) throw std::runtime_error("outside the range of the field's type");
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!v.is_string()) throw std::runtime_error("not a string");
+      if (v.get_ref<const std::string&>().size() > max_string_field)
+        throw std::runtime_error("a string of " + std::to_string(v.get_ref<const std::string&>().size()) +
+                                 " bytes; at most " + std::to_string(max_string_field) + " are accepted");
     }
     return v.get<T>();
   } catch (const std::exception& e) {
-    throw io_error(where(source) + "field '" + path + key + "' holds " + v.dump() + " (" + e.what() + ")");
+    throw io_error(where(source) + "field '" + path + key + "' holds " + shown(v) + " (" + e.what() + ")");
   }
 }
 
@@ -66,7 +82,7 @@ std::uint64_t get_u64_string(const json& v, const std::string& name, const std::
       if (errno == 0 && end && *end == '\0') return static_cast<std::uint64_t>(x);
     }
   }
-  throw io_error(where(source) + "field '" + name + "' holds " + v.dump() +
+  throw io_error(where(source) + "field '" + name + "' holds " + shown(v) +
                  "; expected an unsigned 64-bit integer written as a decimal string");
 }
 
@@ -83,16 +99,6 @@ std::pair<std::string, std::string> format_pair(double a, double b) {
   return {with(a, 17), with(b, 17)};
 }
 
-std::string temp_path_for_tokenizer() {
-  static std::atomic<unsigned long> counter{0};
-  long pid = 0;
-#if defined(__unix__) || defined(__APPLE__)
-  pid = static_cast<long>(::getpid());
-#endif
-  return (std::filesystem::temp_directory_path() /
-          ("coupledqk-tokenizer-" + std::to_string(pid) + "-" + std::to_string(counter++) + ".model"))
-      .string();
-}
 
 }  // namespace
 
@@ -150,15 +156,25 @@ std::string to_json(const CheckpointInfo& info) {
 
 CheckpointInfo checkpoint_info_from_json(const std::string& text, const std::string& source) {
   json j;
+  // Nesting is limited while reading (the safetensors header's limit, by the same SAX pass), so that
+  // nothing that prints or walks a value from the file recurses without bound.
+  io::detail::header_scan scan;
+  if (!json::sax_parse(text, &scan) || scan.too_many) {
+    if (scan.too_deep)
+      throw io_error(where(source) + "the 'coupledqk' metadata nests JSON arrays or objects more than " +
+                     std::to_string(io::max_header_depth) + " levels deep; a checkpoint's needs 3");
+    throw io_error(where(source) + "the 'coupledqk' metadata is not valid JSON (" + io::detail::quote(scan.error) +
+                   ")");
+  }
   try {
     j = json::parse(text);
   } catch (const std::exception& e) {
-    throw io_error(where(source) + "the 'coupledqk' metadata is not valid JSON (" + e.what() + ")");
+    throw io_error(where(source) + "the 'coupledqk' metadata is not valid JSON (" + io::detail::quote(e.what()) + ")");
   }
   if (!j.is_object()) throw io_error(where(source) + "the 'coupledqk' metadata is not a JSON object");
   const std::string format = get<std::string>(j, "format", "", source);
   if (format != checkpoint_format)
-    throw io_error(where(source) + "format '" + format + "'; expected '" + checkpoint_format + "'");
+    throw io_error(where(source) + "format '" + io::detail::quote(format) + "'; expected '" + checkpoint_format + "'");
   const int version = get<int>(j, "version", "", source);
   if (version < 1 || version > checkpoint_version)
     throw io_error(where(source) + "format version " + std::to_string(version) + "; this build reads version " +
@@ -207,7 +223,7 @@ CheckpointInfo checkpoint_info_from_json(const std::string& text, const std::str
   info.state.elapsed = get<double>(s, "elapsed_seconds", "state.", source);
   const json& rng = field(s, "sampler_rng", "state.", source);
   if (!rng.is_array() || rng.size() != 4)
-    throw io_error(where(source) + "field 'state.sampler_rng' holds " + rng.dump() +
+    throw io_error(where(source) + "field 'state.sampler_rng' holds " + shown(rng) +
                    "; expected 4 unsigned 64-bit integers written as strings");
   for (std::size_t i = 0; i < 4; ++i)
     info.state.sampler[i] = get_u64_string(rng[i], "state.sampler_rng[" + std::to_string(i) + "]", source);
@@ -216,7 +232,7 @@ CheckpointInfo checkpoint_info_from_json(const std::string& text, const std::str
   for (const json& p : curve) {
     if (!p.is_array() || p.size() != 4 || !p[0].is_number_integer() || !p[1].is_number_integer() ||
         !p[2].is_number() || !p[3].is_number())
-      throw io_error(where(source) + "field 'state.curve' holds " + p.dump() +
+      throw io_error(where(source) + "field 'state.curve' holds " + shown(p) +
                      "; expected [step, tokens, loss, ppl]");
     info.state.curve.push_back(CurvePoint{p[0].get<Index>(), p[1].get<Index>(), p[2].get<double>(), p[3].get<double>()});
   }
@@ -242,17 +258,24 @@ void write_checkpoint(const std::string& path, Model& model, AdamW<float>& optim
 }
 
 Checkpoint read_checkpoint(const std::string& path) {
-  Checkpoint c;
+  io::file file;
   try {
-    c.file = io::read(path);
+    file = io::read(path);
   } catch (const io_error& e) {
     throw io_error(where(path) + "not a readable checkpoint: " + e.what());
   }
+  return checkpoint_from_file(std::move(file));
+}
+
+Checkpoint checkpoint_from_file(io::file file) {
+  Checkpoint c;
+  c.file = std::move(file);
+  const std::string& path = c.file.source;
   const std::string* meta = c.file.find_meta("coupledqk");
   if (!meta) {
     const auto names = c.file.names();
     std::string list;
-    for (std::size_t i = 0; i < names.size() && i < 8; ++i) list += (i ? ", " : "") + names[i];
+    for (std::size_t i = 0; i < names.size() && i < 8; ++i) list += (i ? ", " : "") + io::detail::quote(names[i]);
     if (names.size() > 8) list += ", ...";
     throw io_error(where(path) + "a safetensors file, but not a coupledqk training checkpoint: it has no 'coupledqk' "
                    "metadata (it holds " + std::to_string(names.size()) + " tensor(s)" +
@@ -264,7 +287,50 @@ Checkpoint read_checkpoint(const std::string& path) {
     throw io_error(where(path) + "no tokenizer.model tensor (U8, 1-D, non-empty); the checkpoint is incomplete");
   if (!c.file.find("opt.step"))
     throw io_error(where(path) + "no opt.step tensor; the checkpoint is incomplete");
+  // Sizes from the metadata are checked against the tensors the file holds before any model is
+  // built from them: a config edited to D = 10^12 must not reach an allocation.
+  const GptConfig& m = c.info.run.model;
+  auto expect_shape = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    const io::tensor* t = c.file.find(name);
+    if (!t)
+      throw io_error(where(path) + "no " + name + " tensor, which the metadata's model needs; the checkpoint is "
+                     "incomplete");
+    if (t->shape != shape)
+      throw io_error(where(path) + name + " has shape " + io::detail::format_shape(t->shape) + " but the metadata's model " +
+                     "(V = " + std::to_string(m.vocab) + ", D = " + std::to_string(m.dim) + ", T = " +
+                     std::to_string(m.context) + ") needs " + io::detail::format_shape(shape));
+  };
+  expect_shape("model.wte", {m.vocab, m.dim});
+  expect_shape("model.wpe", {m.context, m.dim});
+  std::int64_t floats = 0;  // elements of the model's tensors (each checked by the reader, < 2^63)
+  std::size_t model_tensors = 0;
+  for (const io::tensor& t : c.file.tensors)
+    if (t.name.compare(0, 6, "model.") == 0) {
+      ++model_tensors;
+      floats = t.numel() > std::numeric_limits<std::int64_t>::max() - floats ? std::numeric_limits<std::int64_t>::max()
+                                                                            : floats + t.numel();
+    }
+  if (static_cast<std::uint64_t>(m.layers) > model_tensors)
+    throw io_error(where(path) + "the metadata says " + std::to_string(m.layers) + " layers but the file holds only " +
+                   std::to_string(model_tensors) + " model tensors");
+  for (Index l = 0; l < m.layers; ++l) expect_shape("model.h." + std::to_string(l) + ".attn.wq", {m.dim, m.dim});
+  // The dynamics of a coupled or uncoupled layer hold at least a [d, m] map per layer (none for
+  // standard and diff, which ignore m).
+  const bool dynamics = m.attention != "standard" && m.attention != "diff";
+  const double d = static_cast<double>(m.dim) / static_cast<double>(m.heads);
+  const double width = m.hidden > 0 ? static_cast<double>(m.hidden) : d;
+  if (m.hidden > floats || (dynamics && static_cast<double>(m.layers) * d * width > static_cast<double>(floats)))
+    throw io_error(where(path) + "the metadata's dynamics width m = " + std::to_string(m.hidden) + " (d = D/H = " +
+                   std::to_string(m.dim / m.heads) + ", " + std::to_string(m.layers) +
+                   " layers) needs more parameters than the " + std::to_string(floats) + " the file holds");
   return c;
+}
+
+void verify_checkpoint(const Checkpoint& ckpt) {
+  auto model = load_model(ckpt);  // every model tensor present, shaped, floating-point and finite
+  AdamW<float> optimizer(model->parameters(), model->gradients(), AdamWConfig{});
+  restore_optimizer(ckpt, optimizer);  // every opt.* tensor, and opt.step agreeing with the metadata
+  load_tokenizer(ckpt);                // a SentencePiece model
 }
 
 // ---- comparing runs ------------------------------------------------------------------------------
@@ -346,22 +412,10 @@ std::string tokenizer_bytes(const Checkpoint& ckpt) {
 }
 
 Tokenizer load_tokenizer(const Checkpoint& ckpt) {
-  // Tokenizer loads from a path only: write the bytes to a private temporary file.
-  const std::string bytes = tokenizer_bytes(ckpt);
-  const std::string tmp = temp_path_for_tokenizer();
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out) throw io_error("cannot write a temporary tokenizer file '" + tmp + "'");
-  }
+  // From the bytes: no temporary file that a kill could leave behind.
   try {
-    Tokenizer tok = Tokenizer::load(tmp);
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    return tok;
+    return Tokenizer::from_bytes(tokenizer_bytes(ckpt), ckpt.file.source + ":tokenizer.model");
   } catch (const std::exception& e) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
     throw io_error(where(ckpt.file.source) + "tokenizer.model is not a SentencePiece model: " + e.what());
   }
 }

@@ -104,6 +104,15 @@ struct Checkpoint {
   CheckpointInfo info;
 };
 Checkpoint read_checkpoint(const std::string& path);
+/// The same checks on a file already read (file.source names it in messages).
+Checkpoint checkpoint_from_file(io::file file);
+
+/// Every check a run or a generation makes before it uses the checkpoint, without the data: the
+/// model builds from the metadata and every model tensor is present, shaped, floating-point and
+/// finite; the optimiser state is complete and agrees with the metadata's step; tokenizer.model is
+/// a SentencePiece model. Throws io_error naming the file and the problem. (The preflight of
+/// --resume runs it, so a damaged checkpoint fails before the data is prepared.)
+void verify_checkpoint(const Checkpoint& ckpt);
 
 /// The differences between the run the flags describe and the checkpoint's, one line each:
 /// "--lr: 0.002 (flags) vs 0.001 (checkpoint)". Empty when they match. check_total_steps: false

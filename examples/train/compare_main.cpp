@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
     const ct::ProgressMode mode = ct::parse_progress_mode(progress);
     const std::vector<Variant> variants = parse_variants(variants_flag);
     if (seeds < 1) throw coupledqk::invalid_argument("--seeds must be >= 1; got " + std::to_string(seeds));
+    ct::validate_explicit(o, [&](const std::string& flag) { return app.count(flag) > 0; });
     // Every variant's options are checked before anything runs.
     for (const Variant& v : variants) {
       ct::TrainOptions vo = o;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
@@ -56,7 +57,13 @@ std::vector<std::string_view> lines_of(std::string_view text) {
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw io_error(concat("cannot open '", path.string(), "' for reading"));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::bad_alloc&) {
+    std::error_code ec;
+    throw io_error(concat("'", path.string(), "' (", fs::file_size(path, ec), " bytes) does not fit in memory"));
+  }
   if (in.bad()) throw io_error(concat("error while reading '", path.string(), "'"));
   return bytes;
 }

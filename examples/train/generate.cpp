@@ -68,6 +68,8 @@ Generation generate(Model& model, const Tokenizer& tok, const GenerateOptions& o
 
 Generation generate(const GenerateOptions& o) {
   require(!o.checkpoint.empty(), "generate needs --checkpoint PATH");
+  require(o.threads >= 0 && o.threads <= max_threads, "--threads must be in [0, ", max_threads,
+          "] (0: the idle cores); got ", o.threads);
   set_threads(o.threads);
   const Checkpoint ckpt = read_checkpoint(o.checkpoint);
   auto model = load_model(ckpt);

@@ -191,7 +191,21 @@ std::string token_file(const std::vector<std::int32_t>& ids, int vocab_size) {
   return out + payload;
 }
 
-/// Fills `ids` from a token file's bytes and returns true, or returns false with the reason in `why`.
+
+std::uint64_t documents_hash(const std::vector<Document>& docs, std::uint64_t h) {
+  for (const auto& d : docs) {
+    h = fnv1a64(std::to_string(d.name.size()), h);
+    h = fnv1a64(d.name, fnv1a64(":", h));
+    h = fnv1a64(std::to_string(d.text.size()), fnv1a64(":", h));
+    h = fnv1a64(d.text, fnv1a64(":", h));
+  }
+  return h;
+}
+
+}  // namespace
+
+// ---- token files: the reader --------------------------------------------------------------
+
 bool parse_token_file(const std::string& bytes, int vocab_size, std::vector<std::int32_t>& ids,
                       std::string& why) {
   auto fail = [&](std::string reason) {
@@ -216,18 +230,6 @@ bool parse_token_file(const std::string& bytes, int vocab_size, std::vector<std:
   }
   return true;
 }
-
-std::uint64_t documents_hash(const std::vector<Document>& docs, std::uint64_t h) {
-  for (const auto& d : docs) {
-    h = fnv1a64(std::to_string(d.name.size()), h);
-    h = fnv1a64(d.name, fnv1a64(":", h));
-    h = fnv1a64(std::to_string(d.text.size()), fnv1a64(":", h));
-    h = fnv1a64(d.text, fnv1a64(":", h));
-  }
-  return h;
-}
-
-}  // namespace
 
 // ---- Tokenizer --------------------------------------------------------------------------------
 

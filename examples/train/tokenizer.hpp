@@ -43,6 +43,9 @@ class Tokenizer {
 
   /// Loads any SentencePiece model file (io_error when it cannot be read or parsed).
   static Tokenizer load(const std::string& model_path);
+  /// The same from the file's bytes (e.g. a checkpoint's tokenizer.model); `path` names it in
+  /// messages and is model_path().
+  static Tokenizer from_bytes(const std::string& bytes, const std::string& path);
 
   std::vector<std::int32_t> encode(std::string_view text) const;
   /// Control ids (bos, eos, pad) decode to nothing; an id outside [0, vocab_size()) is an
@@ -66,7 +69,6 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
-  static Tokenizer from_bytes(const std::string& bytes, const std::string& path);
 
   std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp_;
   std::string path_, hash_;
@@ -93,6 +95,11 @@ std::vector<std::int32_t> encode_documents(const std::vector<Document>& docs, co
 /// on stderr.
 TokenStreams tokenize_split(const Split& split, const Tokenizer& tokenizer, const std::string& cache_dir,
                             const std::string& corpus_key);
+
+/// Reads a token cache file's bytes (the format above) for a vocabulary of `vocab_size`: fills `ids`
+/// and returns true, or returns false with the reason in `why` (size, magic, version, vocabulary,
+/// checksum, an id out of range). Never throws for bad bytes.
+bool parse_token_file(const std::string& bytes, int vocab_size, std::vector<std::int32_t>& ids, std::string& why);
 
 /// split_stats(split) with the token counts (stream lengths, eos included) filled in.
 SplitStats split_stats(const Split& split, const TokenStreams& streams);

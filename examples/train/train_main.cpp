@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   CLI::App* gen = app.add_subcommand("generate", "continue a prompt with a trained checkpoint");
   ct::GenerateOptions g;
   gen->add_option("--checkpoint", g.checkpoint, "checkpoint written by coupledqk-train")->required();
-  gen->add_option("--prompt", g.prompt, "text to continue")->capture_default_str();
+  gen->add_option("--prompt", g.prompt, "text to continue (empty: the start of a new document)")->capture_default_str();
   gen->add_option("--tokens", g.tokens, "tokens to generate (at most)")->capture_default_str();
   gen->add_option("--temperature", g.temperature, "sampling temperature (0: greedy)")->capture_default_str();
   gen->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str();
@@ -77,12 +77,15 @@ int main(int argc, char** argv) {
   try {
     if (*gen) {
       g.stop_at_eos = !no_stop;
+      if (g.prompt.empty())  // allowed: the model starts a document (docs/training.md)
+        std::fprintf(stderr, "note: empty --prompt: generating the start of a new document\n");
       const ct::Generation out = ct::generate(g);
       std::cout << out.text << std::endl;
       std::fprintf(stderr, "[%zu tokens in %.2f s, %.1f tokens/s%s]\n", out.ids.size(), out.seconds,
                    out.tokens_per_s, out.ended_at_eos ? ", stopped at end of document" : "");
       return 0;
     }
+    ct::validate_explicit(o, [&](const std::string& flag) { return app.count(flag) > 0; });
     ct::install_interrupt_handler();
     ct::Progress bar(ct::parse_progress_mode(progress));
     ct::preflight(o);  // bad flags or checkpoints fail before the data is prepared

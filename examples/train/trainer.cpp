@@ -19,6 +19,14 @@
 #include <omp.h>
 #endif
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <unistd.h>
+#endif
+#include <cerrno>
+#include <cstring>
+#include <functional>
+
 namespace coupledqk::train {
 
 namespace {
@@ -29,8 +37,8 @@ std::string cache_of(const TrainOptions& o) { return o.cache_dir.empty() ? defau
 std::uint64_t sampler_seed(std::uint64_t seed) { return seed ^ 0x73616d706c657273ull; /* "samplers" */ }
 
 Index total_steps_for_tokens(Index budget, Index batch, Index seq) {
-  const Index per_step = batch * seq;
-  return std::max<Index>(1, (budget + per_step - 1) / per_step);
+  const Index per_step = batch * seq;  // validate() bounds B*T by the memory estimate
+  return std::max<Index>(1, budget / per_step + (budget % per_step != 0));  // ceil, without overflow
 }
 
 Index resolve_warmup(const TrainOptions& o, Index total_steps) {
@@ -100,6 +108,30 @@ std::string fmt(const char* format, double v) {
   return buffer;
 }
 
+/// Creates and removes a file in `dir` the way the checkpoint writer does; throws io_error naming
+/// the flag (--checkpoint, --metrics) and the reason when the folder takes no new file (permissions,
+/// a read-only file system).
+void require_writable_folder(const char* flag, const std::string& checkpoint, const std::filesystem::path& dir) {
+#if defined(__unix__) || defined(__APPLE__)
+  const std::filesystem::path probe =
+      dir / ("." + std::filesystem::path(checkpoint).filename().string() + ".tmp." +
+             std::to_string(static_cast<long>(::getpid())) + ".probe");
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) return;  // a file of that name exists: the folder is writable enough to have it
+    throw io_error(std::string(flag) + " '" + checkpoint + "': cannot create a file in the folder '" + dir.string() +
+                   "' (" + std::strerror(err) + "); it could not be written during the run");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+#else
+  (void)flag;
+  (void)checkpoint;
+  (void)dir;
+#endif
+}
+
 /// --device cuda needs a build with CUDA support and a usable device; throws saying which is missing.
 void require_cuda_device() {
 #ifdef COUPLEDQK_WITH_CUDA
@@ -157,6 +189,49 @@ GptConfig model_config(const TrainOptions& o) {
   return c;
 }
 
+static double physical_memory_bytes() {
+#if defined(__unix__) || defined(__APPLE__)
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) return static_cast<double>(pages) * static_cast<double>(page);
+#endif
+  return 0;  // unknown
+}
+
+MemoryEstimate estimate_memory(const TrainOptions& o) {
+  // In double: the sizes may be anything a flag holds, and no product may overflow. Lower bounds
+  // (the model holds more: layer norms, biases, the dynamics' other tensors, cached activations).
+  const double V = o.vocab, D = static_cast<double>(o.dim), L = static_cast<double>(o.layers),
+               H = static_cast<double>(o.heads), T = static_cast<double>(o.seq), B = static_cast<double>(o.batch);
+  const double d = H > 0 ? D / H : D, m = o.hidden > 0 ? static_cast<double>(o.hidden) : d;
+  const bool dynamics = o.attention != "standard" && o.attention != "diff";
+  MemoryEstimate e;
+  // wte [V, D], wpe [T, D], per block wq wk wv wo [D, D] and the MLP's [D, 4D] + [4D, D], the
+  // dynamics' maps at least [d, m] and [m, d] per head.
+  struct Term {
+    double floats;
+    const char* flags;
+  };
+  const Term params[] = {{V * D, "--vocab, --dim"},
+                         {T * D, "--seq, --dim"},
+                         {L * 12 * D * D, "--dim, --layers"},
+                         {dynamics ? L * H * 2 * d * m : 0, "--m, --layers"}};
+  // One step's activations: the logits [B*T, V], and per block the attention scores [B, H, T, T].
+  const Term activations[] = {{B * T * V, "--batch, --seq, --vocab"}, {L * B * H * T * T, "--seq, --batch, --heads"}};
+  double largest = -1;
+  for (const Term& t : params) {
+    e.parameters += t.floats;
+    if (4 * t.floats > largest) largest = 4 * t.floats, e.dominant_flags = t.flags;
+  }
+  for (const Term& t : activations) {
+    e.activations += t.floats;
+    if (t.floats > largest) largest = t.floats, e.dominant_flags = t.flags;
+  }
+  // float32: parameters, gradients and AdamW's two moments; the activations once.
+  e.bytes = 4 * (4 * e.parameters + e.activations);
+  e.available = physical_memory_bytes();
+  return e;
+}
+
 void validate(const TrainOptions& o) {
   std::vector<std::string> bad;
   auto check = [&](bool ok, const std::string& what) {
@@ -191,7 +266,8 @@ void validate(const TrainOptions& o) {
   check(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
         "--weight-decay must be finite and >= 0; got " + s(o.weight_decay));
   check(std::isfinite(o.clip) && o.clip >= 0, "--clip must be finite and >= 0 (0 disables it); got " + s(o.clip));
-  check(o.threads >= 0, "--threads must be >= 0 (0: every core); got " + s(o.threads));
+  check(o.threads >= 0 && o.threads <= max_threads,
+        "--threads must be in [0, " + s(max_threads) + "] (0: every idle core); got " + s(o.threads));
   check(o.eval_every >= 0, "--eval-every must be >= 0 (0: only at the end); got " + s(o.eval_every));
   check(o.eval_tokens >= 0, "--eval-tokens must be >= 0 (0: the whole split); got " + s(o.eval_tokens));
   check(o.checkpoint_every >= 0, "--checkpoint-every must be >= 0; got " + s(o.checkpoint_every));
@@ -206,7 +282,20 @@ void validate(const TrainOptions& o) {
         "--precision bf16 needs --device cuda (the CPU path computes in float32 only)");
   check(!o.resume || !o.checkpoint.empty(), "--resume needs --checkpoint PATH (the checkpoint to continue)");
   check(o.checkpoint_every == 0 || !o.checkpoint.empty(), "--checkpoint-every needs --checkpoint PATH");
-  if (o.warmup >= 0 && o.budget_tokens >= 0 && o.batch > 0 && o.seq > 0) {
+  if (bad.empty()) {
+    // Sizes a flag can hold but no machine can: say so now, naming the flags, instead of
+    // std::bad_alloc (or an overflowing size) when the model or the first batch is allocated.
+    const MemoryEstimate e = estimate_memory(o);
+    auto gb = [](double bytes) { return fmt("%.3g GB", bytes / 1e9); };
+    if (e.available > 0 && e.bytes > e.available)
+      check(false, std::string(e.dominant_flags) + ": training with --vocab " + s(o.vocab) + " --dim " + s(o.dim) +
+                       " --layers " + s(o.layers) + " --heads " + s(o.heads) + " --seq " + s(o.seq) + " --batch " +
+                       s(o.batch) + (o.hidden > 0 ? " --m " + s(o.hidden) : std::string()) + " needs at least " +
+                       gb(e.bytes) + " (" + fmt("%.3g", e.parameters) + " parameters with their gradients and AdamW " +
+                       "state, " + fmt("%.3g", e.activations) + " activations per step), more than this machine's " +
+                       gb(e.available) + " of memory; lower " + e.dominant_flags);
+  }
+  if (bad.empty() && o.warmup >= 0 && o.budget_tokens >= 0) {
     const Index total = total_steps_for_tokens(effective_budget_tokens(o), o.batch, o.seq);
     check(o.budget_seconds > 0 || o.warmup <= total,
           "--warmup " + s(o.warmup) + " exceeds the run's " + s(total) + " steps");
@@ -215,6 +304,32 @@ void validate(const TrainOptions& o) {
     if (bad.size() == 1) throw invalid_argument(bad[0]);
     throw invalid_argument("invalid options:" + join_lines(bad));
   }
+}
+
+void validate_explicit(const TrainOptions& o, const std::function<bool(const std::string&)>& given) {
+  std::vector<std::string> bad;
+  auto s = [](auto v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  // Flags whose field uses a "not given" value (0 or < 0) for the default: an explicit value in
+  // that range is an error, never the default.
+  if (given("--tokens") && o.budget_tokens <= 0)
+    bad.push_back("--tokens must be a positive number of tokens; got " + s(o.budget_tokens) +
+                  " (leave the flag out for the default of " + s(Defaults::budget_tokens) + ")");
+  if (given("--seconds") && !(std::isfinite(o.budget_seconds) && o.budget_seconds > 0))
+    bad.push_back("--seconds must be a positive, finite number of seconds; got " + s(o.budget_seconds));
+  if (given("--warmup") && o.warmup < 0)
+    bad.push_back("--warmup must be >= 0 steps; got " + s(o.warmup) +
+                  " (leave the flag out for the default: 5% of the steps, at least 1)");
+  if (given("--min-lr") && !(std::isfinite(o.min_lr) && o.min_lr >= 0))
+    bad.push_back("--min-lr must be finite and >= 0; got " + s(o.min_lr) + " (leave the flag out for the default: 10% of --lr)");
+  if (!bad.empty()) {
+    if (bad.size() == 1) throw invalid_argument(bad[0]);
+    throw invalid_argument("invalid options:" + join_lines(bad));
+  }
+  validate(o);
 }
 
 void preflight(const TrainOptions& o) {
@@ -229,25 +344,33 @@ void preflight(const TrainOptions& o) {
     if (!fs::is_directory(dir, ec))
       throw io_error("--metrics '" + o.metrics + "': the folder '" + dir.string() + "' does not exist");
     if (fs::is_directory(p, ec)) throw io_error("--metrics '" + o.metrics + "' is a folder; give a file path");
+    require_writable_folder("--metrics", o.metrics, dir);
   }
   if (o.checkpoint.empty()) return;
   std::error_code ec;
   const bool exists = fs::exists(o.checkpoint, ec);
   if (exists && fs::is_directory(o.checkpoint, ec))
     throw io_error("--checkpoint '" + o.checkpoint + "' is a folder; give a file path");
+  const fs::path p(o.checkpoint);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   if (!o.resume) {
     if (exists)
       throw invalid_argument("checkpoint '" + o.checkpoint +
                              "' exists; pass --resume to continue that run, or choose another path");
-    const fs::path p(o.checkpoint);
-    const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
     if (!fs::is_directory(dir, ec))
       throw io_error("--checkpoint '" + o.checkpoint + "': the folder '" + dir.string() + "' does not exist");
-    return;
   }
-  if (!exists)
+  if (o.resume && !exists)
     throw io_error("--resume: there is no checkpoint at '" + o.checkpoint +
                    "'; drop --resume to start a new run there");
+  // The checkpoint is written next to itself (a temporary file, then a rename): find out now, not
+  // after the whole training, that the folder takes no new file.
+  require_writable_folder("--checkpoint", o.checkpoint, dir);
+  // Temporaries of earlier writes of this checkpoint whose process was killed mid-write.
+  if (const std::size_t n = io::remove_stale_temporaries(o.checkpoint))
+    std::fprintf(stderr, "note: removed %zu stale temporary file(s) of '%s' left by a killed run\n", n,
+                 o.checkpoint.c_str());
+  if (!o.resume) return;
   const Checkpoint ckpt = read_checkpoint(o.checkpoint);
   // Everything but the tokenizer (that needs the data) and, for a --seconds budget, the step count.
   const bool by_seconds = o.budget_seconds > 0;
@@ -258,6 +381,7 @@ void preflight(const TrainOptions& o) {
     throw invalid_argument("checkpoint '" + o.checkpoint + "' does not match the flags (" +
                            std::to_string(diffs.size()) + " difference" + (diffs.size() > 1 ? "s" : "") +
                            "):" + join_lines(diffs));
+  verify_checkpoint(ckpt);  // NaN weights, non-float tensors, a damaged optimiser state or tokenizer
 }
 
 int idle_cores() {

@@ -41,6 +41,9 @@ struct Defaults {
   static constexpr int threads = 0;  ///< automatic: idle_cores()
 };
 
+/// The most threads --threads accepts (training and generation).
+inline constexpr int max_threads = 1024;
+
 struct TrainOptions {
   // ---- data
   std::string corpus = "sotu";  ///< a corpus name, a file or a folder (load_corpus)
@@ -86,6 +89,21 @@ Index effective_budget_tokens(const TrainOptions& o);
 /// Throws coupledqk::invalid_argument listing every problem with the options (sizes, ranges,
 /// budgets, flag combinations) and, through make_gpt, an unknown variant or step count.
 void validate(const TrainOptions& o);
+
+/// validate(o), after refusing an explicit value of a flag whose field uses a "not given" value for
+/// its default (--tokens 0, --seconds 0, --warmup -5, --min-lr -0.5): only an absent flag takes the
+/// default. `given(name)` says whether the flag was on the command line.
+void validate_explicit(const TrainOptions& o, const std::function<bool(const std::string&)>& given);
+
+/// A lower bound on the memory a run of these sizes needs (float32 parameters, gradients and
+/// AdamW state, and one step's logits and attention scores), with the flags of its largest term,
+/// and the machine's physical memory (0: unknown). validate() refuses a run that cannot fit.
+struct MemoryEstimate {
+  double parameters = 0, activations = 0;  ///< floats
+  double bytes = 0, available = 0;
+  const char* dominant_flags = "";
+};
+MemoryEstimate estimate_memory(const TrainOptions& o);
 
 /// The checks that need neither data nor training: validate(o), the model can be built, the device
 /// (--device cuda: this build has CUDA support and a CUDA device is usable), and the checkpoint

@@ -199,6 +199,14 @@ TEST_CASE("state views: names, and a restored optimiser continues bit for bit") 
   // a corrupt step count is refused
   opt_b.state().back().data[0] = 2.5;
   CHECK_THROWS_WITH_AS(opt_b.step(), doctest::Contains("step state holds 2.5"), coupledqk::invalid_argument);
+  // ... and so is one past what converts to an Index (a fuzzed checkpoint held 7.2e25: undefined
+  // behaviour in the conversion before the bound), or infinity.
+  for (double bad : {7.23684e25, std::ldexp(1.0, 53) + 2, std::numeric_limits<double>::infinity()}) {
+    opt_b.state().back().data[0] = bad;
+    CHECK_THROWS_AS(opt_b.steps_done(), coupledqk::invalid_argument);
+  }
+  opt_b.state().back().data[0] = std::ldexp(1.0, 53);
+  CHECK(opt_b.steps_done() == (Index(1) << 53));
 }
 
 TEST_CASE("a non-finite gradient norm skips the step and changes nothing") {

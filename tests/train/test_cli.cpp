@@ -6,7 +6,11 @@
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <tuple>
 
 #include "helpers.hpp"
 
@@ -242,3 +246,240 @@ TEST_CASE("coupledqk-train: --device and --precision; without CUDA (support or d
   CHECK(c.info.precision == "bf16");
   CHECK(c.info.state.step == c.info.run.total_steps);
 }
+
+// ---- issue 14: hostile files and bad flags --------------------------------------------------------
+
+namespace {
+
+/// `ckpt` with one change to its parsed content, written to `out`.
+template <class Edit>
+void edited_copy(const std::string& ckpt, const std::string& out, Edit edit) {
+  coupledqk::io::file f = coupledqk::io::read(ckpt);
+  edit(f);
+  coupledqk::io::write(out, f);
+}
+
+/// A file holding the 8-byte length and `header` only.
+void write_raw_safetensors(const std::string& path, const std::string& header) {
+  std::string bytes;
+  for (int i = 0; i < 8; ++i) bytes += static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xff);
+  write_file(path, bytes + header);
+}
+
+}  // namespace
+
+TEST_CASE("coupledqk-train: an explicit flag value that is not accepted is an error naming the flag, never the default") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  // A fresh cache: the flags must be refused before any data is prepared there.
+  const std::string flags = "--corpus '" + d.corpus + "' --cache '" + (dir / "cache") + "' --threads 1 --progress off";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"--tokens 0", "--tokens must be a positive number of tokens; got 0"},
+      {"--tokens -3", "--tokens"},
+      {"--seconds 0", "--seconds must be a positive, finite number of seconds; got 0"},
+      {"--warmup -5", "--warmup must be >= 0 steps; got -5"},
+      {"--min-lr -0.5", "--min-lr must be finite and >= 0; got -0.5"},
+      {"--threads 100000", "--threads must be in [0, 1024]"},
+      {"--seq 1000000000", "--seq"},
+      {"--dim 1000000000000 --heads 1", "--dim"},
+      {"--batch 100000000000 --seq 100000", "--batch"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Ran r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " " + args);
+    INFO(args << ": " << r.err);
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "coupledqk-train: error: "));
+    CHECK(contains(r.err, message));
+    CHECK_FALSE(contains(r.err, "bad_alloc"));
+    CHECK_FALSE(fs::exists(dir.path / "cache"));
+  }
+  // Sizes beyond memory say how much is needed and what the machine has.
+  const Ran r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " --seq 1000000000");
+  CHECK(contains(r.err, "of memory; lower --seq"));
+}
+
+TEST_CASE("coupledqk-train: hostile checkpoints are refused in the preflight, with the file named, nothing written") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const std::string cache = dir / "cache";
+  const std::string ckpt = dir / "run.safetensors";
+  const std::string flags = "--corpus '" + d.corpus + "' --cache '" + d.cache +
+                            "' --vocab 400 --dim 32 --layers 2 --heads 4 --seq 32 --batch 4 --tokens 2048 "
+                            "--eval-every 0 --threads 1 --progress off --attention leapfrog";
+  Ran r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " --checkpoint '" + ckpt + "' --stop-after-steps 1");
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  // The same flags, but a fresh cache folder: a refusal in the preflight leaves it absent.
+  const std::string resume_flags = "--corpus '" + d.corpus + "' --cache '" + cache +
+                                   "' --vocab 400 --dim 32 --layers 2 --heads 4 --seq 32 --batch 4 --tokens 2048 "
+                                   "--eval-every 0 --threads 1 --progress off --attention leapfrog --resume";
+
+  // 1. a header nesting arrays 100,000 deep (200 KB): every reader died with SIGSEGV (exit 139).
+  const std::string deep = dir / "deep.safetensors";
+  write_raw_safetensors(deep, "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}");
+  const std::string deep_bytes = read_file(deep);
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, "generate --checkpoint '" + deep + "'");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, deep));
+  CHECK(contains(r.err, "more than 8 levels deep"));
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, resume_flags + " --checkpoint '" + deep + "'");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "more than 8 levels deep"));
+  CHECK(read_file(deep) == deep_bytes);
+  // ... and inside the checkpoint's own JSON metadata.
+  const std::string deep_meta = dir / "deep-meta.safetensors";
+  edited_copy(ckpt, deep_meta, [](coupledqk::io::file& f) {
+    f.metadata["coupledqk"] = "{\"format\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  });
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, "generate --checkpoint '" + deep_meta + "'");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "'coupledqk' metadata nests JSON arrays or objects more than 8 levels deep"));
+
+  // 2. a NaN weight, a non-float tensor, a damaged optimiser state, a damaged tokenizer: refused
+  // before the data is prepared (the fresh cache stays absent), the file unchanged.
+  struct Case {
+    const char* name;
+    std::function<void(coupledqk::io::file&)> edit;
+    const char* message;
+    bool generate_refuses = true;  // generation reads no optimiser state
+  };
+  auto tensor = [](coupledqk::io::file& f, const std::string& name) -> coupledqk::io::tensor& {
+    for (auto& t : f.tensors)
+      if (t.name == name) return t;
+    FAIL("no tensor " << name);
+    throw 0;
+  };
+  const std::vector<Case> cases{
+      {"nan-weight",
+       [&](coupledqk::io::file& f) {
+         const float nan = std::nanf("");
+         std::memcpy(tensor(f, "model.h.1.mlp.fc.w").bytes.data() + 4, &nan, 4);
+       },
+       "holds a non-finite value"},
+      {"int-tensor", [&](coupledqk::io::file& f) { tensor(f, "model.h.0.ln1.g").type = coupledqk::io::dtype::I32; },
+       "has dtype I32; expected a floating-point dtype"},
+      {"opt-step", [&](coupledqk::io::file& f) { tensor(f, "opt.step").bytes.assign(4, 0); }, "opt.step", false},
+      {"tokenizer",
+       [&](coupledqk::io::file& f) {
+         tensor(f, "tokenizer.model").bytes.assign(64, 7);
+         tensor(f, "tokenizer.model").shape = {64};
+       },
+       "tokenizer.model is not a SentencePiece model"},
+      {"huge-dim",
+       [&](coupledqk::io::file& f) {
+         std::string& meta = f.metadata["coupledqk"];
+         meta.replace(meta.find("\"dim\":32"), 8, "\"dim\":1000000000000");
+       },
+       "model.wte has shape [400, 32] but the metadata's model"},
+  };
+  for (const Case& c : cases) {
+    const std::string bad = dir / (std::string(c.name) + ".safetensors");
+    edited_copy(ckpt, bad, c.edit);
+    const std::string before = read_file(bad);
+    r = run_tool(dir, COUPLEDQK_TRAIN_BIN, resume_flags + " --checkpoint '" + bad + "'");
+    INFO(c.name << ": " << r.err);
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, bad));
+    CHECK(contains(r.err, c.message));
+    CHECK_FALSE(fs::exists(cache));
+    CHECK(read_file(bad) == before);
+    r = run_tool(dir, COUPLEDQK_TRAIN_BIN, "generate --checkpoint '" + bad + "' --tokens 3");
+    CHECK(r.status == (c.generate_refuses ? 1 : 0));
+    if (c.generate_refuses) CHECK(contains(r.err, c.message));
+  }
+}
+
+TEST_CASE("coupledqk-train: an unwritable checkpoint folder fails before training; stale temporaries are removed") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const std::string cache = dir / "cache";
+  const std::string flags = "--corpus '" + d.corpus + "' --cache '" + cache +
+                            "' --vocab 400 --dim 32 --layers 2 --heads 4 --seq 32 --batch 4 --tokens 2048 "
+                            "--eval-every 0 --threads 1 --progress off";
+  // /proc takes no new file, not even from root (a chmod'ed folder would not stop root).
+  Ran r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " --checkpoint /proc/coupledqk-test.safetensors");
+  INFO(r.err);
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "--checkpoint '/proc/coupledqk-test.safetensors': cannot create a file in the folder '/proc'"));
+  CHECK_FALSE(fs::exists(cache));  // refused before the data was prepared
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " --metrics /proc/coupledqk-test.jsonl");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "--metrics '/proc/coupledqk-test.jsonl': cannot create a file in the folder '/proc'"));
+  CHECK_FALSE(fs::exists(cache));
+
+  // A write killed mid-way left ".NAME.tmp.PID.N"; the next run of that checkpoint removes it (its
+  // process is gone) but keeps a live process's.
+  const std::string ckpt = dir / "run.safetensors";
+  const fs::path stale = dir.path / ".run.safetensors.tmp.999999999.3";   // above any Linux pid_max
+  const fs::path live = dir.path / (".run.safetensors.tmp." + std::to_string(::getpid()) + ".0");
+  write_file(stale, std::string(4096, 'x'));
+  write_file(live, "in progress");
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, flags + " --checkpoint '" + ckpt + "' --stop-after-steps 1");
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK(contains(r.err, "removed 1 stale temporary file(s)"));
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(live));
+  CHECK(fs::exists(ckpt));
+}
+
+TEST_CASE("coupledqk-train generate: --threads is checked; an empty --prompt starts a document and says so") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const std::string ckpt = dir / "run.safetensors";
+  Ran r = run_tool(dir, COUPLEDQK_TRAIN_BIN,
+                   "--corpus '" + d.corpus + "' --cache '" + d.cache +
+                       "' --vocab 400 --dim 32 --layers 2 --heads 4 --seq 32 --batch 4 --tokens 256 --eval-every 0 "
+                       "--threads 1 --progress off --checkpoint '" + ckpt + "'");
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, "generate --checkpoint '" + ckpt + "' --threads -1");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "--threads must be in [0, 1024] (0: the idle cores); got -1"));
+  r = run_tool(dir, COUPLEDQK_TRAIN_BIN, "generate --checkpoint '" + ckpt + "' --prompt '' --tokens 5 --threads 1");
+  CHECK(r.status == 0);
+  CHECK(contains(r.err, "note: empty --prompt: generating the start of a new document"));
+}
+
+#ifdef COUPLEDQK_LAYER_BIN
+TEST_CASE("coupledqk-layer: hostile layer files exit 1 with the file and the problem named; OUTPUT never written") {
+  TempDir dir;
+  const std::string out = dir / "out.safetensors";
+  auto layer_file = [&](const std::string& name, const std::string& header, std::size_t data_bytes = 0) {
+    const std::string path = dir / name;
+    std::string bytes;
+    for (int i = 0; i < 8; ++i) bytes += static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xff);
+    write_file(path, bytes + header + std::string(data_bytes, '\0'));
+    return path;
+  };
+  const std::string meta = R"("__metadata__":{"attention":"leapfrog","steps":"1","heads":"1","layer_index":"0")";
+  const std::vector<std::tuple<std::string, std::string, std::size_t, std::string>> cases{
+      // a header nesting arrays 100,000 deep: exit 139 before
+      {"deep", "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}", 0, "more than 8 levels deep"},
+      // a shape whose dimensions multiply past 2^63 before a zero
+      {"overflow", "{\"x\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,2,0],\"data_offsets\":[0,0]}}", 0,
+       "multiply past 2^63 - 1"},
+      // a 100 KB attention name, quoted in the message with a bounded length
+      {"bad-variant",
+       "{\"__metadata__\":{\"attention\":\"" + std::string(100000, 'v') + "\",\"steps\":\"1\",\"heads\":\"1\",\"layer_index\":\"0\"},"
+       "\"x\":{\"dtype\":\"F32\",\"shape\":[1,1,1],\"data_offsets\":[0,4]}}",
+       4, "bytes in all"},
+      // a dynamics width far beyond what the file holds: std::bad_alloc before
+      {"huge-m", "{" + meta + R"(,"m":"2000000000"},"x":{"dtype":"F32","shape":[1,1,1],"data_offsets":[0,4]},"dy":{"dtype":"F32","shape":[1,1,1],"data_offsets":[4,8]}})",
+       8, "metadata 'm' is 2000000000, more than the 2 elements the file holds"},
+      // a sequence long enough that the scores [B, H, T, T] cannot fit
+      {"huge-t", "{" + meta + R"(},"x":{"dtype":"F32","shape":[1,4000000,1],"data_offsets":[0,16000000]},"dy":{"dtype":"F32","shape":[1,4000000,1],"data_offsets":[16000000,32000000]}})",
+       32000000, "the attention scores [B, H, T, T] alone need"},
+  };
+  for (const auto& [name, header, data, message] : cases) {
+    const std::string in = layer_file(name + ".safetensors", header, data);
+    const Ran r = run_tool(dir, COUPLEDQK_LAYER_BIN, "'" + in + "' '" + out + "'");
+    INFO(name << ": " << r.err.substr(0, 600));
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, in));
+    CHECK(contains(r.err, message));
+    CHECK(r.err.size() < 2000);
+    CHECK_FALSE(fs::exists(out));
+  }
+}
+#endif

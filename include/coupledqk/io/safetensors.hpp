@@ -10,6 +10,14 @@
 // trailing bytes), string metadata, no duplicate JSON keys. Anything else raises coupledqk::io_error
 // naming the file, what was wrong, the value seen and what is accepted.
 //
+// Limits (a hostile file is refused before it can exhaust the stack or the memory): the header is
+// at most max_header_bytes (100 MB) and nests at most max_header_depth (8) JSON levels (a valid
+// header uses 3); at most max_tensors (100,000) tensors; every size computed from the file (the
+// product of a shape's dimensions, its byte count, the offsets) is checked arithmetic, and a shape
+// whose dimensions multiply past 2^63 - 1 (zeros aside) is refused. Values quoted from the file in
+// messages are cut to a bounded length (detail::quote, detail::excerpt) and never printed by
+// recursion.
+//
 // The writer pads the header with spaces to a multiple of 8 bytes, lays the tensors out in order,
 // and replaces the target atomically (temporary file in the same directory, fsync, rename), so a
 // failed write never leaves a partial or clobbered file behind.
@@ -44,6 +52,7 @@
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #define COUPLEDQK_IO_POSIX 1
@@ -174,10 +183,8 @@ std::string format_shape(const std::vector<Int>& shape) {
   return out + "]";
 }
 
-/// "'path': " or "" when no source is known.
-inline std::string prefix(const std::string& source) {
-  return source.empty() ? std::string() : "safetensors file '" + source + "': ";
-}
+/// Longest quotation of a value taken from a file (in bytes, before escaping) in a message.
+inline constexpr std::size_t max_quoted_bytes = 160;
 
 /// `s` with control characters and non-ASCII bytes written as \xNN (for parser messages that
 /// quote raw bytes of a binary file).
@@ -196,11 +203,27 @@ inline std::string printable(const std::string& s) {
   return out;
 }
 
-inline bool host_is_little_endian() {
-  const std::uint16_t probe = 1;
-  unsigned char first = 0;
-  std::memcpy(&first, &probe, 1);
-  return first == 1;
+/// A name or string from a file, fit for a message: printable() and cut after max_quoted_bytes
+/// ("...(N bytes in all)"), so that a hostile file cannot make a message of its own size.
+inline std::string quote(const std::string& s) {
+  if (s.size() <= max_quoted_bytes) return printable(s);
+  return printable(s.substr(0, max_quoted_bytes)) + "...(" + std::to_string(s.size()) + " bytes in all)";
+}
+
+/// A JSON value from a file, fit for a message: its compact text cut like quote(). The value's
+/// depth is bounded by the parser (max_header_depth), so dump() does not recurse without bound.
+template <class Json>
+std::string excerpt(const Json& value) {
+  return quote(value.dump(-1, ' ', false, Json::error_handler_t::replace));
+}
+
+/// "a, b, c" -- at most `max_names` names, each quote()d, then ", ... (N in all)"; "(none)" when empty.
+inline std::string join_names(const std::vector<std::string>& names, std::size_t max_names = 32) {
+  if (names.empty()) return "(none)";
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < max_names; ++i) out += (i ? ", " : "") + quote(names[i]);
+  if (names.size() > max_names) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out;
 }
 
 /// a * b, or false on overflow of std::uint64_t.
@@ -208,6 +231,41 @@ inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
   if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return false;
   out = a * b;
   return true;
+}
+
+/// "'path': " or "" when no source is known.
+inline std::string prefix(const std::string& source) {
+  return source.empty() ? std::string() : "safetensors file '" + source + "': ";
+}
+
+/// The product of the dimensions, or false when it does not fit std::int64_t. A shape with a zero
+/// holds no element, but the product of its other dimensions must fit too, so that code that
+/// multiplies some of the dimensions (a row's length, a matrix's size) never overflows.
+template <class Int>
+bool checked_numel(const std::vector<Int>& shape, std::int64_t& out) {
+  std::uint64_t nonzero = 1;
+  bool zero = false;
+  for (Int s : shape) {
+    if constexpr (std::is_signed_v<Int>) {
+      if (s < 0) return false;
+    }
+    if (s == 0) {
+      zero = true;
+      continue;
+    }
+    if (!checked_mul(nonzero, static_cast<std::uint64_t>(s), nonzero) ||
+        nonzero > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      return false;
+  }
+  out = zero ? 0 : static_cast<std::int64_t>(nonzero);
+  return true;
+}
+
+inline bool host_is_little_endian() {
+  const std::uint16_t probe = 1;
+  unsigned char first = 0;
+  std::memcpy(&first, &probe, 1);
+  return first == 1;
 }
 
 /// Copies n elements of `size` bytes, converting between little-endian and the host order.
@@ -263,10 +321,13 @@ struct tensor {
   std::vector<std::int64_t> shape;
   std::vector<unsigned char> bytes;
 
-  /// Number of elements (1 for a scalar, shape []).
+  /// Number of elements (1 for a scalar, shape []). Throws io_error for a negative dimension or
+  /// a product past 2^63 - 1 (parse() never returns such a shape; a tensor built by hand may hold one).
   std::int64_t numel() const {
-    std::int64_t n = 1;
-    for (std::int64_t s : shape) n *= s;
+    std::int64_t n = 0;
+    if (!detail::checked_numel(shape, n))
+      throw io_error(detail::cat("tensor '", detail::quote(name), "': shape ", detail::format_shape(shape),
+                                 " has a negative dimension or more than 2^63 - 1 elements"));
     return n;
   }
 
@@ -276,12 +337,12 @@ struct tensor {
   void copy_to(S* out, std::size_t count) const {
     static_assert(std::is_floating_point_v<S>, "tensor::copy_to: S must be float or double");
     if (!is_floating(type))
-      throw io_error(detail::cat("tensor '", name, "' has dtype ", to_string(type),
+      throw io_error(detail::cat("tensor '", detail::quote(name), "' has dtype ", to_string(type),
                                  "; only floating-point tensors (F64, F32, BF16, F16) can be read as "
                                  "float or double"));
     const std::size_t n = static_cast<std::size_t>(numel());
     if (count != n || bytes.size() != n * dtype_size(type))
-      throw io_error(detail::cat("tensor '", name, "' ", to_string(type), " ", detail::format_shape(shape),
+      throw io_error(detail::cat("tensor '", detail::quote(name), "' ", to_string(type), " ", detail::format_shape(shape),
                                  " holds ", bytes.size(), " bytes (", n, " elements); ", count,
                                  " elements were requested"));
     const unsigned char* p = bytes.data();
@@ -332,14 +393,14 @@ struct tensor {
   /// double -> F64). Throws coupledqk::invalid_argument for a negative dimension.
   template <class S>
   static tensor from(std::string name, std::vector<std::int64_t> shape, const S* data) {
-    std::uint64_t n = 1;
-    for (std::int64_t s : shape) {
-      require(s >= 0, "safetensors tensor '", name, "': shape ", detail::format_shape(shape),
+    for (std::int64_t s : shape)
+      require(s >= 0, "safetensors tensor '", detail::quote(name), "': shape ", detail::format_shape(shape),
               " has a negative dimension; dimensions must be >= 0");
-      require(detail::checked_mul(n, static_cast<std::uint64_t>(s), n) &&
-                  n <= std::numeric_limits<std::size_t>::max() / sizeof(S),
-              "safetensors tensor '", name, "': shape ", detail::format_shape(shape), " is too large");
-    }
+    std::int64_t count = 0;
+    require(detail::checked_numel(shape, count) &&
+                static_cast<std::uint64_t>(count) <= std::numeric_limits<std::size_t>::max() / sizeof(S),
+            "safetensors tensor '", detail::quote(name), "': shape ", detail::format_shape(shape), " is too large");
+    const auto n = static_cast<std::uint64_t>(count);
     require(n == 0 || data != nullptr, "safetensors tensor '", name, "': data is null");
     tensor t;
     t.name = std::move(name);
@@ -369,8 +430,8 @@ struct file {
   /// The tensor called `name`; throws io_error listing the available names otherwise.
   const tensor& at(const std::string& name) const {
     if (const tensor* t = find(name)) return *t;
-    throw io_error(detail::prefix(source) + "no tensor named '" + name +
-                   "'; the file holds: " + join_names(names()));
+    throw io_error(detail::prefix(source) + "no tensor named '" + detail::quote(name) +
+                   "'; the file holds: " + detail::join_names(names()));
   }
 
   /// Tensor names in order.
@@ -387,8 +448,8 @@ struct file {
     if (it != metadata.end()) return it->second;
     std::vector<std::string> keys;
     for (const auto& kv : metadata) keys.push_back(kv.first);
-    throw io_error(detail::prefix(source) + "no metadata key '" + key +
-                   "'; the file's metadata keys: " + join_names(keys));
+    throw io_error(detail::prefix(source) + "no metadata key '" + detail::quote(key) +
+                   "'; the file's metadata keys: " + detail::join_names(keys));
   }
   /// The metadata value of `key`, or nullptr.
   const std::string* find_meta(const std::string& key) const {
@@ -398,13 +459,85 @@ struct file {
 
   /// Appends a tensor; throws io_error if the name is already used.
   void add(tensor t) {
-    if (contains(t.name)) throw io_error(detail::prefix(source) + "duplicate tensor name '" + t.name + "'");
+    if (contains(t.name))
+      throw io_error(detail::prefix(source) + "duplicate tensor name '" + detail::quote(t.name) + "'");
     tensors.push_back(std::move(t));
   }
 };
 
 /// Refuse header lengths above this before allocating or parsing anything.
 inline constexpr std::uint64_t max_header_bytes = 100u * 1024u * 1024u;
+/// Deepest nesting of JSON arrays and objects accepted in a header (the root object is level 1; a
+/// valid header uses 3: root, tensor entry, shape). Enforced while parsing, so neither the parser
+/// nor anything that walks the parsed value (dump, destruction) recurses deeper.
+inline constexpr int max_header_depth = 8;
+/// Most tensors accepted in one file (a checkpoint of the training example holds a few hundred).
+inline constexpr std::size_t max_tensors = 100000;
+
+namespace detail {
+
+/// SAX handler of parse()'s first pass over a header: stops at the first level of nesting past
+/// max_header_depth or at the root's (max_tensors + 1)-th tensor, and notes the first duplicated key of
+/// any object (with the key of the object that holds it). Builds nothing.
+struct header_scan {
+  struct frame {
+    bool object = false;
+    std::set<std::string> keys;
+    std::string owner, last_key;
+  };
+  std::vector<frame> frames;
+  std::size_t tensors = 0;  // keys of the root object but "__metadata__"
+  bool too_deep = false, too_many = false, duplicate = false;
+  std::string duplicate_key, duplicate_owner, error;
+
+  bool open(bool object) {
+    if (frames.size() >= static_cast<std::size_t>(max_header_depth)) {
+      too_deep = true;
+      return false;
+    }
+    frame f;
+    f.object = object;
+    if (!frames.empty()) f.owner = frames.back().last_key;
+    frames.push_back(std::move(f));
+    return true;
+  }
+  bool close() {
+    if (!frames.empty()) frames.pop_back();
+    return true;
+  }
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(std::int64_t) { return true; }
+  bool number_unsigned(std::uint64_t) { return true; }
+  bool number_float(double, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(std::vector<std::uint8_t>&) { return true; }
+  bool start_object(std::size_t) { return open(true); }
+  bool end_object() { return close(); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_array() { return close(); }
+  bool key(std::string& k) {
+    frame& f = frames.back();
+    if (frames.size() == 1 && k != "__metadata__" && ++tensors > max_tensors) {
+      too_many = true;
+      return false;
+    }
+    if (!f.keys.insert(k).second && !duplicate) {
+      duplicate = true;
+      duplicate_key = k;
+      duplicate_owner = f.owner;
+    }
+    f.last_key = k;
+    return true;
+  }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception& e) {
+    error = e.what();
+    return false;
+  }
+};
+
+}  // namespace detail
 
 // ---- reading ------------------------------------------------------------------------------------
 
@@ -432,48 +565,35 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
                     " bytes after the 8-byte length field; the file is truncated or not a safetensors file"));
   if (header_len == 0) fail("header length is 0; the header must be a JSON object");
 
-  // Parse the header, noting the first duplicated key (nlohmann keeps only one of them).
-  struct frame {
-    std::set<std::string> keys;
-    std::string owner, last_key;
-  };
-  std::vector<frame> frames;
-  bool duplicate = false;
-  std::string duplicate_key, duplicate_owner;
-  json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        frames.push_back(frame{{}, frames.empty() ? std::string() : frames.back().last_key, {}});
-        break;
-      case json::parse_event_t::key:
-        if (!frames.empty()) {
-          const std::string key = parsed.get<std::string>();
-          if (!frames.back().keys.insert(key).second && !duplicate) {
-            duplicate = true;
-            duplicate_key = key;
-            duplicate_owner = frames.back().owner;
-          }
-          frames.back().last_key = key;
-        }
-        break;
-      case json::parse_event_t::object_end:
-        if (!frames.empty()) frames.pop_back();
-        break;
-      default: break;
-    }
-    return true;
-  };
+  // A first pass over the header as a stream of SAX events, which builds nothing: it enforces the
+  // nesting limit and the tensor count while reading, and notes the first duplicated key (a DOM
+  // keeps only one of them). (nlohmann's DOM parser with a callback would do the same in one pass,
+  // but it rescans the parent object each time an object ends: quadratic in the tensor count.)
   const char* text = reinterpret_cast<const char*>(bytes.data() + 8);
+  detail::header_scan scan;
+  const bool valid = json::sax_parse(text, text + header_len, &scan);
+  if (scan.too_deep)
+    fail(detail::cat("the header nests JSON arrays or objects more than ", max_header_depth,
+                     " levels deep; a safetensors header needs 3 (the file is corrupt or hostile)"));
+  if (scan.too_many)
+    fail(detail::cat("the header lists more than ", max_tensors, " tensors; at most ", max_tensors,
+                     " are accepted"));
+  if (!valid)
+    fail(detail::cat("the ", header_len, "-byte header is not valid JSON (", detail::quote(scan.error),
+                     "); expected a JSON object -- is this a safetensors file?"));
   json header;
-  try {
-    header = json::parse(text, text + header_len, callback);
+  try {  // valid, and at most max_header_depth deep
+    header = json::parse(text, text + header_len);
   } catch (const json::exception& e) {
-    fail(detail::cat("the ", header_len, "-byte header is not valid JSON (", detail::printable(e.what()),
+    fail(detail::cat("the ", header_len, "-byte header is not valid JSON (", detail::quote(e.what()),
                      "); expected a JSON object -- is this a safetensors file?"));
   }
+  const bool duplicate = scan.duplicate;
+  const std::string& duplicate_key = scan.duplicate_key;
+  const std::string& duplicate_owner = scan.duplicate_owner;
   if (duplicate)
-    fail("duplicate JSON key '" + duplicate_key + "' in the header" +
-         (duplicate_owner.empty() ? std::string() : " (inside '" + duplicate_owner + "')") +
+    fail("duplicate JSON key '" + detail::quote(duplicate_key) + "' in the header" +
+         (duplicate_owner.empty() ? std::string() : " (inside '" + detail::quote(duplicate_owner) + "')") +
          "; every key may appear only once");
   if (!header.is_object())
     fail(std::string("the header is a JSON ") + header.type_name() +
@@ -495,62 +615,66 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
     const json& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object())
-        fail(std::string("\"__metadata__\" is a JSON ") + entry.type_name() + " (" + entry.dump() +
+        fail(std::string("\"__metadata__\" is a JSON ") + entry.type_name() + " (" + detail::excerpt(entry) +
              "); expected an object of string values");
       for (const auto& kv : entry.items()) {
         if (!kv.value().is_string())
-          fail("metadata value of '" + kv.key() + "' is " + kv.value().dump() + " (a JSON " +
+          fail("metadata value of '" + detail::quote(kv.key()) + "' is " + detail::excerpt(kv.value()) + " (a JSON " +
                kv.value().type_name() + "); metadata values must be strings");
         out.metadata[kv.key()] = kv.value().get<std::string>();
       }
       continue;
     }
-    const std::string t = "tensor '" + name + "': ";
+    const std::string t = "tensor '" + detail::quote(name) + "': ";
     if (!entry.is_object())
-      fail(t + "entry is a JSON " + entry.type_name() + " (" + entry.dump() +
+      fail(t + "entry is a JSON " + entry.type_name() + " (" + detail::excerpt(entry) +
            "); expected an object with dtype, shape and data_offsets");
     for (const char* key : {"dtype", "shape", "data_offsets"})
       if (!entry.contains(key))
         fail(t + "missing \"" + key + "\"; every tensor entry needs dtype, shape and data_offsets (got " +
-             entry.dump() + ")");
+             detail::excerpt(entry) + ")");
     for (const auto& kv : entry.items())
       if (kv.key() != "dtype" && kv.key() != "shape" && kv.key() != "data_offsets")
-        fail(t + "unexpected key \"" + kv.key() + "\"; accepted: dtype, shape, data_offsets");
+        fail(t + "unexpected key \"" + detail::quote(kv.key()) + "\"; accepted: dtype, shape, data_offsets");
 
     const json& jd = entry["dtype"];
     if (!jd.is_string())
-      fail(t + "dtype is " + jd.dump() + " (a JSON " + jd.type_name() + "); expected a string, one of " +
+      fail(t + "dtype is " + detail::excerpt(jd) + " (a JSON " + jd.type_name() + "); expected a string, one of " +
            accepted_dtypes());
     dtype type{};
     if (!try_parse_dtype(jd.get<std::string>(), type))
-      fail(t + "unknown dtype " + jd.dump() + "; accepted: " + accepted_dtypes());
+      fail(t + "unknown dtype " + detail::excerpt(jd) + "; accepted: " + accepted_dtypes());
 
     const json& js = entry["shape"];
     if (!js.is_array())
-      fail(t + "shape is " + js.dump() + " (a JSON " + js.type_name() +
+      fail(t + "shape is " + detail::excerpt(js) + " (a JSON " + js.type_name() +
            "); expected an array of non-negative integers");
     std::vector<std::int64_t> shape;
-    std::uint64_t numel = 1;
     for (const json& dim : js) {
       if (dim.is_number_integer() && !dim.is_number_unsigned())
-        fail(t + "shape " + js.dump() + " has a negative dimension (" + dim.dump() +
+        fail(t + "shape " + detail::excerpt(js) + " has a negative dimension (" + detail::excerpt(dim) +
              "); dimensions must be non-negative integers");
       if (!dim.is_number_unsigned())
-        fail(t + "shape " + js.dump() + " holds " + dim.dump() + " (a JSON " + dim.type_name() +
-             "); dimensions must be non-negative integers");
+        fail(t + "shape " + detail::excerpt(js) + " holds " + detail::excerpt(dim) + " (a JSON " +
+             dim.type_name() + "); dimensions must be non-negative integers");
       const std::uint64_t v = dim.get<std::uint64_t>();
-      if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-          !detail::checked_mul(numel, v, numel))
-        fail(t + "shape " + js.dump() + " is too large");
+      if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        fail(t + "shape " + detail::excerpt(js) + " has a dimension above 2^63 - 1");
       shape.push_back(static_cast<std::int64_t>(v));
     }
+    // Checked: the product of the non-zero dimensions must fit std::int64_t (tensor::numel and
+    // anything that multiplies dimensions), whether or not a zero makes the tensor empty.
+    std::int64_t count = 0;
+    if (!detail::checked_numel(shape, count))
+      fail(t + "shape " + detail::excerpt(js) + " is too large: its dimensions multiply past 2^63 - 1");
+    const auto numel = static_cast<std::uint64_t>(count);
     std::uint64_t nbytes = 0;
     if (!detail::checked_mul(numel, dtype_size(type), nbytes))
-      fail(t + "shape " + js.dump() + " is too large");
+      fail(t + "shape " + detail::excerpt(js) + " is too large: more than 2^64 bytes");
 
     const json& jo = entry["data_offsets"];
     if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned())
-      fail(t + "data_offsets is " + jo.dump() + "; expected [begin, end], two non-negative integers");
+      fail(t + "data_offsets is " + detail::excerpt(jo) + "; expected [begin, end], two non-negative integers");
     const std::uint64_t begin = jo[0].get<std::uint64_t>(), end = jo[1].get<std::uint64_t>();
     if (begin > end)
       fail(detail::cat(t, "data_offsets [", begin, ", ", end, "] has begin > end; expected begin <= end"));
@@ -576,7 +700,7 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
   std::uint64_t position = 0;
   std::string previous;
   for (const span& s : spans) {
-    const std::string& name = tensors[s.index].name;
+    const std::string name = detail::quote(tensors[s.index].name);
     if (s.begin < position)
       fail(detail::cat("tensor '", name, "' data_offsets [", s.begin, ", ", s.end, "] overlap tensor '",
                        previous, "', whose data ends at byte ", position, "; tensors must not overlap"));
@@ -613,6 +737,7 @@ inline file read(const std::string& path) {
   std::FILE* fp = std::fopen(path.c_str(), "rb");
   if (!fp) throw io_error(where + std::strerror(errno));
   std::vector<unsigned char> bytes;
+  try {
   const std::uintmax_t hint = std::filesystem::file_size(path, ec);
   if (!ec && hint > 0 && hint < (std::uintmax_t(1) << 40)) bytes.resize(static_cast<std::size_t>(hint));
   std::size_t got = bytes.empty() ? 0 : std::fread(bytes.data(), 1, bytes.size(), fp);
@@ -623,11 +748,19 @@ inline file read(const std::string& path) {
     bytes.insert(bytes.end(), chunk, chunk + n);
     if (n < sizeof chunk) break;
   }
+  } catch (const std::bad_alloc&) {
+    std::fclose(fp);
+    throw io_error(detail::cat(where, "the file (", bytes.size(), " bytes read so far) does not fit in memory"));
+  }
   const bool failed = std::ferror(fp) != 0;
   const int err = errno;
   std::fclose(fp);
   if (failed) throw io_error(where + "read error: " + std::strerror(err));
-  return parse(bytes, path);
+  try {
+    return parse(bytes, path);
+  } catch (const std::bad_alloc&) {
+    throw io_error(detail::cat(where, "its ", bytes.size(), " bytes do not fit in memory twice (file and tensors)"));
+  }
 }
 
 // ---- writing ------------------------------------------------------------------------------------
@@ -775,6 +908,41 @@ inline void write_file_atomically(const std::string& path, const unsigned char* 
 #endif
 }
 
+/// Removes the temporary files that write_file_atomically(path, ...) left behind in path's folder
+/// when its process was killed mid-write (".<name>.tmp.<pid>.<n>" whose process <pid> no longer
+/// exists; a live process's are kept). Returns how many were removed; never throws (a file that
+/// cannot be removed is left). POSIX only; elsewhere it removes nothing.
+inline std::size_t remove_stale_temporaries(const std::string& path) {
+  std::size_t removed = 0;
+#if COUPLEDQK_IO_POSIX
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  if (path.empty() || !target.has_filename()) return 0;
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = "." + target.filename().string() + ".tmp.";
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());  // "<pid>.<n>"
+    const std::size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || dot > 9 || dot + 1 == rest.size() ||
+        rest.find_first_not_of("0123456789.") != std::string::npos || rest.find('.', dot + 1) != std::string::npos)
+      continue;
+    const long pid = std::stol(rest.substr(0, dot));
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code rm;
+    std::error_code type_ec;
+    if (fs::is_regular_file(it->symlink_status(type_ec)) && fs::remove(it->path(), rm)) ++removed;
+  }
+#else
+  (void)path;
+#endif
+  return removed;
+}
+
 /// Serialises `f` and writes it to `path` atomically (see write_file_atomically): if anything
 /// fails, io_error is thrown and `path` is untouched.
 inline void write(const std::string& path, const file& f) {
@@ -797,7 +965,7 @@ void load_into(const file& f, const std::vector<TensorView<S>>& views) {
     if (!index.count(v.name)) missing.push_back(v.name);
   if (!missing.empty())
     throw io_error(detail::prefix(f.source) + "missing tensor" + (missing.size() > 1 ? "s " : " ") +
-                   join_names(missing) + "; the file holds: " + join_names(f.names()));
+                   detail::join_names(missing) + "; the file holds: " + detail::join_names(f.names()));
   for (const auto& v : views) {
     const tensor& t = *index.at(v.name);
     bool same = t.shape.size() == v.shape.size();

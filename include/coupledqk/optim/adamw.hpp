@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <string>
@@ -114,8 +115,12 @@ class AdamW {
   /// Updates taken so far (read from the "step" state tensor, so a restored value counts).
   Index steps_done() const {
     const S s = step_[0];
-    require(s >= S(0) && std::floor(s) == s, "adamw: the step state holds ", s,
-            "; expected a non-negative integer (was the state restored from a bad checkpoint?)");
+    // Bounded before the conversion (a restored state may hold anything: 1e25, inf): every integer
+    // up to 2^digits is exact in S, and converts to Index without overflow.
+    const S most = std::ldexp(S(1), std::numeric_limits<S>::digits);
+    require(s >= S(0) && s <= most && std::floor(s) == s, "adamw: the step state holds ", s,
+            "; expected a non-negative integer of at most ", most,
+            " (was the state restored from a bad checkpoint?)");
     return static_cast<Index>(s);
   }
 
