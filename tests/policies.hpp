@@ -12,7 +12,8 @@ using namespace coupledqk;
 using Integrators = std::tuple<Identity,                                          //
                                Leapfrog<1>, Leapfrog<2>, Leapfrog<3>, Leapfrog<7>,  //
                                Euler<1>, Euler<2>, Euler<3>, Euler<7>,              //
-                               Uncoupled<1>, Uncoupled<2>, Uncoupled<3>, Uncoupled<7>>;
+                               Uncoupled<1>, Uncoupled<2>, Uncoupled<3>, Uncoupled<7>,  //
+                               Affine<1>, Affine<2>, Affine<3>, Affine<7>>;
 
 using Scorings = std::tuple<Softmax, Differential>;
 
@@ -38,12 +39,16 @@ struct cross<std::tuple<I...>, Scs> {
   using type = decltype(std::tuple_cat(std::declval<typename with_scorings<I, Scs>::type>()...));
 };
 
-/// Every integrator with every scoring, plus the reversible (recompute) mode of Leapfrog.
+/// Every integrator with every scoring, plus the reversible (recompute) mode of Leapfrog and Affine.
 using Variants = decltype(std::tuple_cat(
     std::declval<cross<Integrators, Scorings>::type>(),
     std::declval<std::tuple<Variant<Leapfrog<1>, Softmax, DynamicsMemory::recompute>,
                             Variant<Leapfrog<3>, Softmax, DynamicsMemory::recompute>,
-                            Variant<Leapfrog<7>, Differential, DynamicsMemory::recompute>>>()));
+                            Variant<Leapfrog<7>, Differential, DynamicsMemory::recompute>,
+                            Variant<Affine<1>, Softmax, DynamicsMemory::recompute>,
+                            Variant<Affine<2>, Differential, DynamicsMemory::recompute>,
+                            Variant<Affine<3>, Softmax, DynamicsMemory::recompute>,
+                            Variant<Affine<7>, Differential, DynamicsMemory::recompute>>>()));
 
 /// Adds N(0, stddev^2) noise to every parameter, so no gradient is trivially zero.
 template <class Params>

@@ -129,7 +129,7 @@ class Attention {
     Scoring::validate(scoring_shape(1, 1));
     require(config_.memory == DynamicsMemory::store || Integrator::is_reversible,
             "attention: DynamicsMemory::recompute needs a reversible integrator; '", Integrator::name,
-            "' is not (reversible: leapfrog and other splitting methods)");
+            "' is not (reversible: leapfrog and other splitting methods, affine)");
     Rng rng(seed);
     const Index D = config_.dim;
     for (Matrix<S>* w : {&params.wq, &params.wk, &params.wv, &params.wo}) {

@@ -3,7 +3,8 @@
 //
 //     auto layer = coupledqk::make_attention<double>("diff-leapfrog", 3, config, seed);
 //
-// Names: standard, leapfrog, euler, uncoupled, diff, diff-leapfrog, diff-euler, diff-uncoupled.
+// Names: standard, leapfrog, euler, uncoupled, diff, diff-leapfrog, diff-euler, diff-uncoupled,
+// affine, diff-affine.
 // Steps: 1..max_steps (ignored by standard and diff, which have no dynamics, but still checked).
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "attention.hpp"
+#include "integrators/affine.hpp"
 #include "integrators/euler.hpp"
 #include "integrators/identity.hpp"
 #include "integrators/leapfrog.hpp"
@@ -31,7 +33,8 @@ inline constexpr int max_steps = 7;
 /// Every accepted variant name, in a fixed order.
 inline const std::vector<std::string>& attention_names() {
   static const std::vector<std::string> names{"standard", "leapfrog",      "euler",      "uncoupled",
-                                              "diff",     "diff-leapfrog", "diff-euler", "diff-uncoupled"};
+                                              "diff",     "diff-leapfrog", "diff-euler", "diff-uncoupled",
+                                              "affine",   "diff-affine"};
   return names;
 }
 
@@ -143,6 +146,8 @@ auto with_variant(std::string_view name, int steps, F&& f) {
   if (n == "leapfrog") return detail::with_steps<Leapfrog, Softmax>(steps, f, all);
   if (n == "euler") return detail::with_steps<Euler, Softmax>(steps, f, all);
   if (n == "uncoupled") return detail::with_steps<Uncoupled, Softmax>(steps, f, all);
+  if (n == "affine") return detail::with_steps<Affine, Softmax>(steps, f, all);
+  if (n == "diff-affine") return detail::with_steps<Affine, Differential>(steps, f, all);
   if (n == "diff-leapfrog") return detail::with_steps<Leapfrog, Differential>(steps, f, all);
   if (n == "diff-euler") return detail::with_steps<Euler, Differential>(steps, f, all);
   return detail::with_steps<Uncoupled, Differential>(steps, f, all);
