@@ -104,7 +104,8 @@ int main(int argc, char** argv) {
                cqk::max_threads());
 
   benchmark::RegisterBenchmark("sgemm", sgemm_benchmark)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
-  const char* variants[] = {"standard", "leapfrog", "euler", "uncoupled", "diff", "diff-leapfrog", "diff-euler", "diff-uncoupled"};
+  const char* variants[] = {"standard", "leapfrog", "euler", "uncoupled", "diff", "diff-leapfrog", "diff-euler", "diff-uncoupled",
+                            "affine",   "diff-affine"};
   for (const char* v : variants)
     for (int steps : {1, 3}) {
       if ((std::string(v) == "standard" || std::string(v) == "diff") && steps != 1) continue;

@@ -6,7 +6,7 @@
 // dyn.* and the scoring's tensors, exactly the names and shapes of the variant's parameters()),
 // all of one dtype, F32 (run in float) or F64 (run in double), and string metadata:
 //
-//     attention    variant name (standard, leapfrog, euler, uncoupled, diff, diff-leapfrog, ...)
+//     attention    variant name (standard, leapfrog, euler, uncoupled, affine, diff, diff-leapfrog, ...)
 //     steps        integration steps, 1..7
 //     heads        H, query/key pairs per token
 //     m            dynamics hidden width (optional; 0 or absent means D/H)
@@ -47,7 +47,7 @@ const char* const usage_text =
     "  lq1, lk1, lq2, lk2 [d], subln [2d]   differential variants only (d = D/H)\n"
     "INPUT metadata (string values):\n"
     "  attention    standard | leapfrog | euler | uncoupled | diff | diff-leapfrog | diff-euler |\n"
-    "               diff-uncoupled\n"
+    "               diff-uncoupled | affine | diff-affine\n"
     "  steps        integration steps, 1..7\n"
     "  heads        H (D must be divisible by H; even for the differential variants)\n"
     "  m            dynamics hidden width (optional; 0 or absent: D/H)\n"
@@ -57,8 +57,8 @@ const char* const usage_text =
     "\n"
     "options:\n"
     "  --recompute  rebuild the dynamics' states in backward instead of storing them\n"
-    "               (reversible integrators only: leapfrog, diff-leapfrog, and the variants\n"
-    "               without dynamics)\n"
+    "               (reversible integrators only: leapfrog, diff-leapfrog, affine, diff-affine,\n"
+    "               and the variants without dynamics)\n"
     "  -h, --help   show this help\n"
     "\n"
     "exit status: 0 success, 1 error, 2 usage error\n";

@@ -650,7 +650,7 @@ std::vector<FlagSpec> train_flags(TrainOptions& o, bool run_flags) {
   f.push_back({"--vocab", "SentencePiece BPE vocabulary size V", &o.vocab});
   if (run_flags) {
     f.push_back({"--attention", "attention variant: standard, leapfrog, euler, uncoupled, diff, diff-leapfrog, "
-                                "diff-euler, diff-uncoupled", &o.attention});
+                                "diff-euler, diff-uncoupled, affine, diff-affine", &o.attention});
     f.push_back({"--steps", "integration sub-steps N of the dynamics (1..7)", &o.steps});
   }
   f.push_back({"--m", "dynamics hidden width m (0: D/H)", &o.hidden});
@@ -668,7 +668,8 @@ std::vector<FlagSpec> train_flags(TrainOptions& o, bool run_flags) {
   f.push_back({"--warmup", "linear warm-up steps (default: 5% of the steps, at least 1)", &o.warmup, false});
   f.push_back({"--weight-decay", "decoupled weight decay on matrices", &o.weight_decay});
   f.push_back({"--clip", "global gradient-norm clipping (0: off)", &o.clip});
-  f.push_back({"--dynamics-init-scale", "std of the dynamics' output weights at init (0: standard at init)",
+  f.push_back({"--dynamics-init-scale",
+               "std of the dynamics' output weights at init: a, c; P*2; affine S, s0, T, t0 (0: standard at init)",
                &o.dynamics_init_scale});
   f.push_back({"--init-time", "integration time tau at init", &o.init_time});
   f.push_back({"--seed", "seed of the initialisation and the batch sampler", &o.seed});
