@@ -41,6 +41,7 @@ static_assert(has_device_dynamics<cq::Leapfrog<1>> && has_device_dynamics<cq::Le
 static_assert(has_device_dynamics<cq::Euler<1>> && has_device_dynamics<cq::Euler<7>>);
 static_assert(has_device_dynamics<cq::Uncoupled<1>> && has_device_dynamics<cq::Uncoupled<7>>);
 static_assert(has_device_dynamics<ForestRuth<2>> && has_device_dynamics<ForestRuth<7>>);
+static_assert(has_device_dynamics<cq::Affine<1>> && has_device_dynamics<cq::Affine<7>>);
 static_assert(has_device_dynamics<cq::SymplecticSplitting<cq::LeapfrogScheme, 4>>);
 static_assert(!has_device_dynamics<NotAPolicyWeKnow>);
 static_assert(!has_device_dynamics<cq::Leapfrog<40>>);  // 81 merged stages > 64
@@ -257,6 +258,8 @@ TEST_CASE("device dynamics: Euler<1> matches the CPU") { check_policy<Euler<1>>(
 TEST_CASE("device dynamics: Euler<3> matches the CPU") { check_policy<Euler<3>>(51); }
 TEST_CASE("device dynamics: Uncoupled<1> matches the CPU") { check_policy<Uncoupled<1>>(61); }
 TEST_CASE("device dynamics: Uncoupled<3> matches the CPU") { check_policy<Uncoupled<3>>(71); }
+TEST_CASE("device dynamics: Affine<1> matches the CPU") { check_policy<Affine<1>>(111); }
+TEST_CASE("device dynamics: Affine<3> matches the CPU") { check_policy<Affine<3>>(121); }
 TEST_CASE("device dynamics: Forest-Ruth<2> (examples/forest_ruth.hpp) matches the CPU") {
   check_policy<ForestRuth<2>>(81);
 }
@@ -298,6 +301,8 @@ TEST_CASE("device dynamics: in-place forward (q_out == q_in) equals out of place
   check_in_place<Leapfrog<2>, bf16>(102);
   check_in_place<Euler<2>, float>(103);
   check_in_place<Uncoupled<1>, bf16>(104);
+  check_in_place<Affine<2>, float>(106);
+  check_in_place<Affine<1>, bf16>(107);
   check_in_place<Identity, float>(105);
 }
 

@@ -158,6 +158,8 @@ void check_all(double tol, double grad_tol) {
       check_layer<cqk::Leapfrog<1>, cqk::Differential, T>(sh, layer, tol, grad_tol);
       check_layer<cqk::Euler<3>, cqk::Differential, T>(sh, layer, tol, grad_tol);
       check_layer<cqk::Uncoupled<1>, cqk::Differential, T>(sh, layer, tol, grad_tol);
+      check_layer<cqk::Affine<1>, cqk::Softmax, T>(sh, layer, tol, grad_tol);
+      check_layer<cqk::Affine<3>, cqk::Differential, T>(sh, layer, tol, grad_tol);
     }
   }
 }
