@@ -131,8 +131,8 @@ __device__ inline void hidden(const float* p, const Conditioner& o, int R, int d
 }
 
 /// s (soft-clamped) and t of element (r, i) from the tile's u.
-__device__ inline void scale_shift(const float* p, const Conditioner& o, int d, int m, const float* u_row, int i,
-                                   float& s, float& t) {
+__device__ inline void scale_shift(const float* p, const Conditioner& o, int m, const float* u_row, int i, float& s,
+                                   float& t) {
   const float* S = p + o.S + i * m;
   const float* Tm = p + o.T + i * m;
   float sp = p[o.s + i], tt = p[o.t + i];
@@ -151,7 +151,7 @@ __device__ inline void update(const float* p, const Conditioner& o, int R, int d
   for (int e = threadIdx.x; e < R * d; e += kThreads) {
     const int r = e / d;
     float s, t;
-    scale_shift(p, o, d, m, u + r * m, e % d, s, t);
+    scale_shift(p, o, m, u + r * m, e % d, s, t);
     x[e] = x[e] * expf(h[r] * s) + h[r] * t;
   }
   __syncthreads();
@@ -199,7 +199,7 @@ __device__ inline void update_vjp(const float* p, const Conditioner& o, int R, i
   for (int e = threadIdx.x; e < R * d; e += kThreads) {
     const int r = e / d, i = e % d;
     float s, t;
-    scale_shift(p, o, d, m, u + r * m, i, s, t);
+    scale_shift(p, o, m, u + r * m, i, s, t);
     const float hr = h[r];
     const float xi = (x[e] - hr * t) * expf(-hr * s);  // the closed-form inverse
     const float E = expf(hr * s);
