@@ -201,6 +201,8 @@ int main(int argc, char** argv) {
   register_layer<cqk::Uncoupled<1>, cqk::Softmax>("uncoupled");
   register_layer<cqk::Identity, cqk::Differential>("diff");
   register_layer<cqk::Leapfrog<1>, cqk::Differential>("diff-leapfrog");
+  register_layer<cqk::Affine<1>, cqk::Softmax>("affine");
+  register_layer<cqk::Affine<1>, cqk::Differential>("diff-affine");
   // The paper-like model of the issue: D=512, L=8, H=8, T=1024, V=8192 (about 30M parameters).
   for (const char* v : {"standard", "leapfrog"})
     for (cu::Precision p : {cu::Precision::bf16, cu::Precision::f32}) {

@@ -8,6 +8,8 @@
 //                                                 3 B T^2 D
 //   dynamics, per (token, head) pair, one evaluation of grad V or grad T = two [d x m] products:
 //     4 d m flops; leapfrog 2N+1 evaluations, euler 2N, uncoupled 2N of half width (2 d m each).
+//   affine: per step two conditioners, each [d x m] then [m x 2d] (S and T): 6 d m flops each,
+//     12 d m N per pair.
 // Forward + backward counts 3x the forward (the backward does two products per forward product);
 // work a backward repeats (recomputed scores, the recomputed dynamics trajectory) is not counted.
 #pragma once
@@ -25,6 +27,7 @@ inline double layer_forward_flops(const std::string& variant, int steps, double 
   if (integ == "leapfrog") f += (2 * steps + 1) * 4 * d * m * pairs;
   if (integ == "euler") f += 2 * steps * 4 * d * m * pairs;
   if (integ == "uncoupled") f += 2 * steps * 2 * d * m * pairs;
+  if (integ == "affine") f += steps * 12 * d * m * pairs;
   return f;
 }
 

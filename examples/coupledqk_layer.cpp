@@ -6,7 +6,7 @@
 // dyn.* and the scoring's tensors, exactly the names and shapes of the variant's parameters()),
 // all of one dtype, F32 (run in float) or F64 (run in double), and string metadata:
 //
-//     attention    variant name (standard, leapfrog, euler, uncoupled, diff, diff-leapfrog, ...)
+//     attention    variant name (standard, leapfrog, euler, uncoupled, affine, diff, diff-leapfrog, ...)
 //     steps        integration steps, 1..7
 //     heads        H, query/key pairs per token
 //     m            dynamics hidden width (optional; 0 or absent means D/H)

@@ -37,12 +37,16 @@ struct cross<std::tuple<I...>, Scs> {
   using type = decltype(std::tuple_cat(std::declval<typename with_scorings<I, Scs>::type>()...));
 };
 
-/// Every integrator with every scoring, plus the reversible (recompute) mode of Leapfrog.
+/// Every integrator with every scoring, plus the reversible (recompute) mode of Leapfrog and Affine.
 using Variants = decltype(std::tuple_cat(
     std::declval<cross<Integrators, Scorings>::type>(),
     std::declval<std::tuple<Variant<Leapfrog<1>, Softmax, DynamicsMemory::recompute>,
                             Variant<Leapfrog<3>, Softmax, DynamicsMemory::recompute>,
-                            Variant<Leapfrog<7>, Differential, DynamicsMemory::recompute>>>()));
+                            Variant<Leapfrog<7>, Differential, DynamicsMemory::recompute>,
+                            Variant<Affine<1>, Softmax, DynamicsMemory::recompute>,
+                            Variant<Affine<2>, Differential, DynamicsMemory::recompute>,
+                            Variant<Affine<3>, Softmax, DynamicsMemory::recompute>,
+                            Variant<Affine<7>, Differential, DynamicsMemory::recompute>>>()));
 
 /// Adds N(0, stddev^2) noise to every parameter, so no gradient is trivially zero.
 template <class Params>

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 SHAPE = (16, 1024, 512)
 CASES = [("standard", 1), ("leapfrog", 1), ("leapfrog", 3), ("euler", 1), ("uncoupled", 1), ("diff", 1),
-         ("diff-leapfrog", 1)]
+         ("diff-leapfrog", 1), ("affine", 1), ("diff-affine", 1)]
 
 
 def run(cmd, **kw):

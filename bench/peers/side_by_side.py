@@ -24,7 +24,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 
 # (variant, steps) at B=4, T=512, D=512 (the target shape), both passes.
 LAYER_CASES = [("standard", 1), ("leapfrog", 1), ("leapfrog", 3), ("euler", 1), ("uncoupled", 1),
-               ("diff", 1), ("diff-leapfrog", 1)]
+               ("diff", 1), ("diff-leapfrog", 1), ("affine", 1), ("diff-affine", 1)]
 SHAPE = (4, 512, 512)
 # Attention forward at longer sequences (peak fraction target: T >= 512).
 FORWARD_T = [512, 1024]

@@ -787,7 +787,8 @@ std::vector<FlagSpec> train_flags(TrainOptions& o, bool run_flags) {
   f.push_back({"--warmup", "linear warm-up steps (default: 5% of the steps, at least 1)", &o.warmup, false});
   f.push_back({"--weight-decay", "decoupled weight decay on matrices", &o.weight_decay});
   f.push_back({"--clip", "global gradient-norm clipping (0: off)", &o.clip});
-  f.push_back({"--dynamics-init-scale", "std of the dynamics' output weights at init (0: standard at init)",
+  f.push_back({"--dynamics-init-scale",
+               "std of the dynamics' output weights at init: a, c; P*2; affine S, s0, T, t0 (0: standard at init)",
                &o.dynamics_init_scale});
   f.push_back({"--init-time", "integration time tau at init", &o.init_time});
   f.push_back({"--seed", "seed of the initialisation and the batch sampler", &o.seed});

@@ -50,7 +50,7 @@ struct TrainOptions {
   std::string cache_dir = default_cache_dir();  ///< corpora, tokenizers, token streams (empty: the default)
   int vocab = Defaults::vocab;  ///< SentencePiece vocabulary size V
   // ---- model
-  std::string attention = "standard";  ///< registry name: standard, leapfrog, euler, uncoupled, diff, ...
+  std::string attention = "standard";  ///< registry name: standard, leapfrog, euler, uncoupled, affine, diff, ...
   int steps = 1;                       ///< integration sub-steps N
   Index hidden = 0;                    ///< dynamics width m; 0: D/H
   Index dim = Defaults::dim, layers = Defaults::layers, heads = Defaults::heads;

@@ -147,7 +147,7 @@ class Attention {
     Scoring::validate(scoring_shape(config, 1, 1));
     require(config.memory == DynamicsMemory::store || Integrator::is_reversible,
             "attention: DynamicsMemory::recompute needs a reversible integrator; '", Integrator::name,
-            "' is not (reversible: leapfrog and other splitting methods)");
+            "' is not (reversible: leapfrog and other splitting methods, affine)");
   }
 
   /// How many scalars each part of the parameters holds, in visit order: wq wk wv wo, dyn.*,

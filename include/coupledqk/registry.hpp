@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "attention.hpp"
+#include "integrators/affine.hpp"
 #include "integrators/euler.hpp"
 #include "integrators/identity.hpp"
 #include "integrators/leapfrog.hpp"
@@ -210,6 +211,8 @@ inline constexpr VariantTable builtin_variants{
     variant<Leapfrog, Differential>("diff-leapfrog"),
     variant<Euler, Differential>("diff-euler"),
     variant<Uncoupled, Differential>("diff-uncoupled"),
+    variant<Affine, Softmax>("affine"),
+    variant<Affine, Differential>("diff-affine"),
 };
 
 namespace detail {

@@ -113,9 +113,12 @@ TEST_CASE("the allocation counter sees operator new and Eigen's allocations") {
 TEST_CASE("a training step after the first allocates nothing, for every variant") {
   if (!malloc_counter::available()) return;
   MESSAGE("threads: ", max_threads());
-  for (const char* v : {"standard", "leapfrog", "euler", "uncoupled", "diff", "diff-leapfrog"}) check_steps(v, 1, DynamicsMemory::store);
+  for (const char* v : {"standard", "leapfrog", "euler", "uncoupled", "diff", "diff-leapfrog", "affine"})
+    check_steps(v, 1, DynamicsMemory::store);
   check_steps("leapfrog", 3, DynamicsMemory::store);
   check_steps("leapfrog", 2, DynamicsMemory::recompute);
+  check_steps("diff-affine", 3, DynamicsMemory::store);
+  check_steps("affine", 2, DynamicsMemory::recompute);
 }
 
 #ifdef _OPENMP

@@ -447,7 +447,7 @@ TEST_CASE("kernels: AdamW update and gradient norm match optim/adamw.hpp") {
 #define COUPLEDQK_GPT_VARIANTS                                                                               \
   Variant<Identity, Softmax>, Variant<Leapfrog<1>, Softmax>, Variant<Leapfrog<3>, Softmax>,                  \
       Variant<Euler<1>, Softmax>, Variant<Uncoupled<1>, Softmax>, Variant<Identity, Differential>,           \
-      Variant<Leapfrog<1>, Differential>
+      Variant<Leapfrog<1>, Differential>, Variant<Affine<2>, Differential>
 
 TEST_CASE_TEMPLATE("cuda gpt: loss and every gradient match the CPU model (float32)", V, COUPLEDQK_GPT_VARIANTS) {
   check_gradients<typename V::integrator, typename V::scoring, float>();

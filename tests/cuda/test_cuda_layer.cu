@@ -47,6 +47,10 @@ void check_layer(const Shape& sh, int layer_index, double tol, double grad_tol) 
   config.heads = sh.heads;
   config.layer_index = layer_index;
   config.dynamics_init_scale = 0.3;  // a, c, P*2 non-zero: the dynamics are not the identity
+  // Affine: S, s0, T, t0 ~ N(0, 0.1^2) gives log-scales s of about +-0.5. At 0.3 they reach +-1.4,
+  // Q' and K' grow by up to e^{1.4 h} per update, and the bf16 gradients of the D=128 shape came out
+  // 10-12% off (L2) against the 1e-1 bound, while float32 and the exact-bf16 build held 1e-4.
+  if constexpr (std::is_base_of_v<cqk::Affine<I::steps>, I>) config.dynamics_init_scale = 0.1;
   config.init_std = 0.2;
   config.init_time = 0.7;
   const std::uint64_t seed = 11 + layer_index;
@@ -158,6 +162,8 @@ void check_all(double tol, double grad_tol) {
       check_layer<cqk::Leapfrog<1>, cqk::Differential, T>(sh, layer, tol, grad_tol);
       check_layer<cqk::Euler<3>, cqk::Differential, T>(sh, layer, tol, grad_tol);
       check_layer<cqk::Uncoupled<1>, cqk::Differential, T>(sh, layer, tol, grad_tol);
+      check_layer<cqk::Affine<1>, cqk::Softmax, T>(sh, layer, tol, grad_tol);
+      check_layer<cqk::Affine<3>, cqk::Differential, T>(sh, layer, tol, grad_tol);
     }
   }
 }

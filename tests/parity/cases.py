@@ -28,6 +28,9 @@ def random_case(rng, variant, steps, B, T, D, H, m, layer_index=None, dtype="F64
         leaf = name.split(".")[-1]
         if name in ("x", "dy"):
             value = _normal(rng, shape)
+        elif name.startswith(("dyn.k.", "dyn.q.")):  # affine conditioners: O(1) scales and shifts
+            value = _normal(rng, shape, std={"A": 1.0 / np.sqrt(d), "a": 0.1, "S": 0.4, "s": 0.2,
+                                             "T": 0.4, "t": 0.2}[leaf])
         elif name in ("wq", "wk", "wv", "wo"):
             value = _normal(rng, shape, std=0.3)
         elif leaf in ("W", "U", "Pq1", "Pk1"):

@@ -4,8 +4,8 @@
 Usage:
   parity_test.py --tool PATH [--workdir DIR] [--seed S] [--variant NAME ...] [--timeout SEC]
       Runs every case (all variants, steps 1 and 3 on the main shape, steps 2 on an
-      alternative shape, a few F32 cases, and every leapfrog case again with
-      --recompute).  Prints one line per run and finally "N passed, M failed".
+      alternative shape, a few F32 cases, and every leapfrog and affine case again
+      with --recompute).  Prints one line per run and finally "N passed, M failed".
       Exit status 1 if anything failed or the tool could not be run.
   parity_test.py --write-case PATH --variant NAME --steps N [--dtype F32|F64]
                  [--shape B,T,D,H,m] [--layer-index L] [--seed S]
@@ -40,7 +40,8 @@ STEPS_MAIN = (1, 3)
 STEPS_ALT = 2
 # A few single-precision cases: (variant, steps).
 F32_CASES = [("standard", 1), ("leapfrog", 3), ("euler", 1), ("uncoupled", 3),
-             ("diff-leapfrog", 3), ("diff-euler", 3), ("diff-uncoupled", 1)]
+             ("diff-leapfrog", 3), ("diff-euler", 3), ("diff-uncoupled", 1),
+             ("affine", 3), ("diff-affine", 1), ("affine", 7)]
 DEFAULT_SEED = 20240607
 
 
@@ -55,7 +56,8 @@ class Case:
         self.shape = shape          # dict B, T, D, H, m
         self.shape_tag = shape_tag  # "main" / "alt", for the report
         # The fused tool may recompute the dynamics in backward; test both paths.
-        self.modes = [False, True] if reference.parse_variant(variant)[1] == "leapfrog" else [False]
+        reversible = reference.parse_variant(variant)[1] in ("leapfrog", "affine")
+        self.modes = [False, True] if reversible else [False]
 
     @property
     def name(self):

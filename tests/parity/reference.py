@@ -31,7 +31,11 @@ VARIANTS = {
     "diff-leapfrog": ("diff", "leapfrog"),
     "diff-euler": ("diff", "euler"),
     "diff-uncoupled": ("diff", "uncoupled"),
+    "affine": ("softmax", "affine"),
+    "diff-affine": ("diff", "affine"),
 }
+
+AFFINE_CONDITIONERS = ("k", "q")  # dyn.k.* moves the key (reads q), dyn.q.* the query (reads k)
 
 RMS_EPS = 1e-5  # epsilon inside the differential heads' RMS normalisation
 
@@ -63,6 +67,12 @@ def parameter_shapes(variant, D, H, m):
                        "dyn.pq": (half,), "dyn.pk": (half,),
                        "dyn.Pq2": (d, half), "dyn.Pk2": (d, half),
                        "dyn.rho": (H,)})
+    elif integrator == "affine":
+        for c in AFFINE_CONDITIONERS:
+            shapes.update({f"dyn.{c}.A": (m, d), f"dyn.{c}.a": (m,),
+                           f"dyn.{c}.S": (d, m), f"dyn.{c}.s": (d,),
+                           f"dyn.{c}.T": (d, m), f"dyn.{c}.t": (d,)})
+        shapes["dyn.rho"] = (H,)
     if scoring == "diff":
         shapes.update({"lq1": (d,), "lk1": (d,), "lq2": (d,), "lk2": (d,), "subln": (2 * d,)})
     return shapes
@@ -114,6 +124,36 @@ def grad_T(k, dyn):
     return (dyn["c"] * torch.tanh(k @ dyn["U"].T + dyn["e"])) @ dyn["U"]
 
 
+def affine_conditioner(c, dyn, which):
+    """Log-scale s and shift t read from c [..., d] by conditioner `which` ("k" or "q").
+
+    u = tanh(A c + a);  s = 2 tanh((S u + s0) / 2);  t = T u + t0.
+    """
+    p = lambda name: dyn[f"{which}.{name}"]
+    u = torch.tanh(c @ p("A").T + p("a"))
+    s = 2 * torch.tanh((u @ p("S").T + p("s")) / 2)
+    t = u @ p("T").T + p("t")
+    return s, t
+
+
+def affine_step(q, k, dyn, h):
+    """One step of the invertible affine coupling; h broadcasts like q."""
+    s, t = affine_conditioner(q, dyn, "k")
+    k = k * torch.exp(h * s) + h * t          # the key update reads q
+    s, t = affine_conditioner(k, dyn, "q")
+    q = q * torch.exp(h * s) + h * t          # the query update reads the updated k
+    return q, k
+
+
+def affine_inverse_step(q, k, dyn, h):
+    """The closed-form inverse of affine_step: undo q (its conditioner reads k), then k."""
+    s, t = affine_conditioner(k, dyn, "q")
+    q = (q - h * t) * torch.exp(-h * s)
+    s, t = affine_conditioner(q, dyn, "k")
+    k = (k - h * t) * torch.exp(-h * s)
+    return q, k
+
+
 def step_sizes(rho, steps):
     """Per-head step size h = softplus(rho) / steps, shape [H]."""
     return F.softplus(rho) / steps
@@ -141,6 +181,8 @@ def integrate(q, k, dyn, integrator, steps, h):
             # q and k each follow their own one-hidden-layer flow, no coupling
             q = q + h * (torch.tanh(q @ dyn["Pq1"].T + dyn["pq"]) @ dyn["Pq2"].T)
             k = k + h * (torch.tanh(k @ dyn["Pk1"].T + dyn["pk"]) @ dyn["Pk2"].T)
+        elif integrator == "affine":
+            q, k = affine_step(q, k, dyn, h)
         else:
             raise ValueError(f"unknown integrator {integrator!r}")
     return q, k

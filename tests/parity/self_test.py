@@ -37,7 +37,8 @@ import safetensors_io  # noqa: E402
 
 VARIANTS = list(reference.VARIANTS)
 COUPLED_TO_PLAIN = {"leapfrog": "standard", "euler": "standard", "uncoupled": "standard",
-                    "diff-leapfrog": "diff", "diff-euler": "diff", "diff-uncoupled": "diff"}
+                    "diff-leapfrog": "diff", "diff-euler": "diff", "diff-uncoupled": "diff",
+                    "affine": "standard", "diff-affine": "diff"}
 
 RESULTS = {"passed": 0, "failed": 0}
 
@@ -150,6 +151,14 @@ def naive_forward(arrays, meta):
         return sum(g["c"][r] * math.tanh(g["U"][r] @ k + g["e"][r]) * g["U"][r]
                    for r in range(len(g["c"])))
 
+    def conditioner(which, c):
+        # u = tanh(A c + a); s = 2 tanh((S u + s0) / 2); t = T u + t0, one vector at a time
+        P = lambda n: g[f"{which}.{n}"]
+        u = np.array([math.tanh(P("A")[r] @ c + P("a")[r]) for r in range(len(P("a")))])
+        s = np.array([2 * math.tanh((P("S")[i] @ u + P("s")[i]) / 2) for i in range(len(c))])
+        t = np.array([P("T")[i] @ u + P("t")[i] for i in range(len(c))])
+        return s, t
+
     def flow(P1, p, P2, v):
         return P2 @ np.array([math.tanh(P1[r] @ v + p[r]) for r in range(len(p))])
 
@@ -169,6 +178,11 @@ def naive_forward(arrays, meta):
                             k = k - h / 2 * grad_V(q)
                         elif integrator == "euler":
                             q, k = q + h * grad_T(k), k - h * grad_V(q)
+                        elif integrator == "affine":
+                            sk, tk = conditioner("k", q)
+                            k = np.array([k[i] * math.exp(h * sk[i]) + h * tk[i] for i in range(d)])
+                            sq, tq = conditioner("q", k)
+                            q = np.array([q[i] * math.exp(h * sq[i]) + h * tq[i] for i in range(d)])
                         else:
                             q = q + h * flow(g["Pq1"], g["pq"], g["Pq2"], q)
                             k = k + h * flow(g["Pk1"], g["pk"], g["Pk2"], k)
@@ -256,7 +270,12 @@ def check_zero_dynamics(variant):
     """With a = c = 0 (or Pq2 = Pk2 = 0) the dynamics are the identity."""
     def run():
         tensors, meta = torch_case(variant, steps=3, seed=4)
-        zero = ("dyn.Pq2", "dyn.Pk2") if "uncoupled" in variant else ("dyn.a", "dyn.c")
+        if "uncoupled" in variant:
+            zero = ("dyn.Pq2", "dyn.Pk2")
+        elif "affine" in variant:
+            zero = tuple(f"dyn.{c}.{n}" for c in "kq" for n in "SsTt")
+        else:
+            zero = ("dyn.a", "dyn.c")
         for name in zero:
             tensors[name] = torch.zeros_like(tensors[name])
         y = reference.forward(tensors, meta)
@@ -285,6 +304,41 @@ def check_leapfrog_reversible():
     # The round trip must return, and the forward trip must actually have moved.
     ok = worst_back <= 1e-12 and least_moved > 1e-3
     return ok, f"round-trip error {worst_back:.1e}, forward moved {least_moved:.1e}"
+
+
+def check_affine_inverse():
+    """The closed-form inverse undoes the affine coupling step by step (~1e-12), and log|det J|
+    of one step, from autograd, equals h * (sum s_k + sum s_q)."""
+    worst_back, least_moved, worst_det = 0.0, float("inf"), 0.0
+    for steps in (1, 5):
+        tensors, meta = torch_case("affine", steps=steps, seed=5)
+        dyn = reference.dynamics_tensors(tensors)
+        B, T, D = tensors["x"].shape
+        H = int(meta["heads"])
+        d = D // H
+        gen = torch.Generator().manual_seed(steps)
+        q0 = torch.randn(B, T, H, d, generator=gen, dtype=torch.float64)
+        k0 = torch.randn(B, T, H, d, generator=gen, dtype=torch.float64)
+        h = reference.step_sizes(tensors["dyn.rho"], steps).reshape(-1, 1)
+        q1, k1 = reference.integrate(q0, k0, dyn, "affine", steps, h.reshape(-1))
+        q2, k2 = q1, k1
+        for _ in range(steps):
+            q2, k2 = reference.affine_inverse_step(q2, k2, dyn, h)
+        worst_back = max(worst_back, float((q2 - q0).abs().max()), float((k2 - k0).abs().max()))
+        least_moved = min(least_moved, float((q1 - q0).abs().max()), float((k1 - k0).abs().max()))
+        # one pair, one step: log|det| of the 2d x 2d Jacobian against the formula
+        hq = h[0, 0]
+        pair = torch.cat([q0[0, 0, 0], k0[0, 0, 0]])
+        step = lambda z: torch.cat(reference.affine_step(z[:d], z[d:], dyn, hq))
+        J = torch.autograd.functional.jacobian(step, pair)
+        s_k, _ = reference.affine_conditioner(pair[:d], dyn, "k")
+        k_new = step(pair)[d:]
+        s_q, _ = reference.affine_conditioner(k_new, dyn, "q")
+        formula = hq * (s_k.sum() + s_q.sum())
+        worst_det = max(worst_det, float(abs(torch.linalg.slogdet(J)[1] - formula)))
+    ok = worst_back <= 1e-12 and least_moved > 1e-3 and worst_det <= 1e-12
+    return ok, (f"round-trip error {worst_back:.1e}, forward moved {least_moved:.1e}, "
+                f"log-det error {worst_det:.1e}")
 
 
 def check_causality(variant):
@@ -380,6 +434,7 @@ def main():
         run_check(f"{variant}: zero dynamics == {COUPLED_TO_PLAIN[variant]}",
                   check_zero_dynamics(variant))
     run_check("leapfrog: forward then backward returns to start", check_leapfrog_reversible)
+    run_check("affine: closed-form inverse and log-determinant", check_affine_inverse)
     for variant in VARIANTS:
         run_check(f"{variant}: causal", check_causality(variant))
     run_check("driver: compare() catches bad outputs", check_compare_detects_problems)

@@ -67,6 +67,7 @@ enum class StepForm {
   splitting,     ///< kicks and drifts of a separable Hamiltonian (a `plan` and a `hamiltonian`)
   simultaneous,  ///< explicit Euler on a separable Hamiltonian: both updates read the step's input
   separate,      ///< q and k each moved by their own field (Uncoupled)
+  affine_coupling,  ///< alternating affine updates k <- k exp(h s_k(q)) + h t_k(q), then q (Affine)
 };
 
 /// The default scratch of a policy that declares none.

@@ -203,7 +203,7 @@ inline std::string gpt_tensor_name(Index block, const char* name) {
 /// A GPT whose attention variant is fixed by the derived Gpt<S, Integrator, Scoring> (make_gpt picks
 /// it at run time). Everything that does not depend on the attention policies is here, compiled
 /// once per scalar type; the derived class supplies the attention layers through five hooks. (So
-/// the registry's 44 variants cost little more to compile than the layers themselves.)
+/// the registry's 58 variants cost little more to compile than the layers themselves.)
 template <class S>
 class AnyGpt {
  public:

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../dynamics/hamiltonian.hpp"
@@ -69,14 +71,27 @@ S coupling_strength(const typename I::template parameters<S>& p, const Matrix<S>
   return std::max(J.block(0, d, d, d).cwiseAbs().maxCoeff(), J.block(d, 0, d, d).cwiseAbs().maxCoeff());
 }
 
-/// Runs the flow over tau, then over -tau from the result; returns the max distance to the start.
-/// Round-off for a time-reversible (symmetric) method.
+namespace detail {
+template <class I, class S, class = void>
+struct has_inverse : std::false_type {};
+template <class I, class S>
+struct has_inverse<I, S, std::void_t<decltype(I::template inverse<S>(
+                             std::declval<const typename I::template parameters<S>&>(), std::declval<const Vector<S>&>(),
+                             std::declval<MatrixRef<S>>(), std::declval<MatrixRef<S>>()))>> : std::true_type {};
+}  // namespace detail
+
+/// Runs the flow over tau, then undoes it from the result; returns the max distance to the start.
+/// A policy with a closed-form `inverse(p, tau, q, k)` (Affine) is undone by it; any other by its
+/// own flow over -tau, which is round-off for a time-reversible (symmetric) method.
 template <class I, class S>
 S reversibility_error(const typename I::template parameters<S>& p, const Matrix<S>& q0,
                       const Matrix<S>& k0, S tau) {
   Matrix<S> q = q0, k = k0;
   flow<I, S>(p, tau, q, k);
-  flow<I, S>(p, -tau, q, k);
+  if constexpr (detail::has_inverse<I, S>::value)
+    I::template inverse<S>(p, Vector<S>::Constant(q.rows(), tau), q, k);
+  else
+    flow<I, S>(p, -tau, q, k);
   return std::max((q - q0).cwiseAbs().maxCoeff(), (k - k0).cwiseAbs().maxCoeff());
 }
 

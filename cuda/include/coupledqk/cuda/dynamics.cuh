@@ -22,6 +22,8 @@
 //     f = 1: k <- k + h Pk2 tanh(Pk1 k + pk)}: A = P*1, B = P*2^T, beta = p*, s = 1, r = m / 2,
 //     moved = arg (no coupling).
 //   * Identity: q' = q, k' = k (forward copies when out != in; backward does nothing).
+//   * Affine<N> (the invertible affine coupling) is not a sum of tanh ops: its own kernels live in
+//     affine.cuh (included at the end of this file) and are reached through the same two functions.
 // The step count and the op list (field bit + float coefficient per op, at most 64 ops) are RUNTIME
 // kernel arguments; kernels are templated only on the kind (splitting / euler / uncoupled) and the
 // storage type T, so the whole policy registry instantiates at most 6 forward + 6 backward kernels.
@@ -100,6 +102,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <coupledqk/integrators/affine.hpp>
 #include <coupledqk/integrators/euler.hpp>
 #include <coupledqk/integrators/identity.hpp>
 #include <coupledqk/integrators/splitting.hpp>
@@ -124,10 +127,11 @@ constexpr int kMaxOps = 64;
 constexpr int kMaxDim = 128;
 constexpr int kMaxSharedHeads = 1024;
 
-enum class Kind : int { identity, splitting, euler, uncoupled, unsupported };
+enum class Kind : int { identity, splitting, euler, uncoupled, affine, unsupported };
 
 /// What the device code does for a policy, from its declared step form and Hamiltonian (never its
-/// name): splitting methods and explicit Euler of the tanh Hamiltonian, Uncoupled's parameters.
+/// name): splitting methods and explicit Euler of the tanh Hamiltonian, Uncoupled's and the affine
+/// coupling's parameters.
 template <class I>
 constexpr Kind kind_of() {
   constexpr StepForm form = step_form<I>;
@@ -146,6 +150,9 @@ constexpr Kind kind_of() {
   } else if constexpr (form == StepForm::separate &&
                        std::is_same_v<typename I::template parameters<float>, UncoupledParameters<float>>) {
     return 2 * I::steps <= kMaxOps ? Kind::uncoupled : Kind::unsupported;
+  } else if constexpr (form == StepForm::affine_coupling &&
+                       std::is_same_v<typename I::template parameters<float>, AffineParameters<float>>) {
+    return Kind::affine;
   } else {
     return Kind::unsupported;
   }
@@ -1071,10 +1078,18 @@ void launch_backward(const DynamicsDims& dims, const OpList& ops, const float* p
   launch(dynamics_backward_kernel<K, T>, p.blocks, kThreads, p.shared_bytes, stream, a);
 }
 
+// Affine<N>: defined in affine.cuh.
+template <class T>
+void affine_forward(const DynamicsDims& dims, int steps, const float* params, const float* rho, const T* q_in,
+                    const T* k_in, T* q_out, T* k_out, cudaStream_t stream);
+template <class T>
+void affine_backward(const DynamicsDims& dims, int steps, const float* params, const float* rho, const T* q_in,
+                     const T* k_in, float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream);
+
 }  // namespace dynamics_detail
 
 /// True for the policies the device code supports: Identity, any SymplecticSplitting (at most 64
-/// merged stages), Euler<N> and Uncoupled<N> (N <= 32), and policies derived from them.
+/// merged stages), Euler<N> and Uncoupled<N> (N <= 32), Affine<N>, and policies derived from them.
 template <class Integrator>
 constexpr bool has_device_dynamics =
     dynamics_detail::kind_of<Integrator>() != dynamics_detail::Kind::unsupported;
@@ -1088,7 +1103,7 @@ void dynamics_forward(const DynamicsDims& dims, const float* params, const float
   static_assert(has_device_dynamics<Integrator>,
                 "coupledqk::cuda::dynamics_forward: no device dynamics for this integrator policy (supported: "
                 "Identity, SymplecticSplitting schemes of at most 64 merged stages, Euler<N> and Uncoupled<N> "
-                "with N <= 32)");
+                "with N <= 32, Affine<N>)");
   using namespace dynamics_detail;
   constexpr Kind kind = kind_of<Integrator>();
   const char* fn = "dynamics_forward";
@@ -1105,7 +1120,10 @@ void dynamics_forward(const DynamicsDims& dims, const float* params, const float
   } else {
     require_pointer(params, "params", fn, dims);
     require_pointer(rho, "rho", fn, dims);
-    launch_forward<kind, T>(dims, make_ops<Integrator>(), params, rho, q_in, k_in, q_out, k_out, stream);
+    if constexpr (kind == Kind::affine)
+      affine_forward<T>(dims, Integrator::steps, params, rho, q_in, k_in, q_out, k_out, stream);
+    else
+      launch_forward<kind, T>(dims, make_ops<Integrator>(), params, rho, q_in, k_in, q_out, k_out, stream);
   }
 }
 
@@ -1120,7 +1138,7 @@ void dynamics_backward(const DynamicsDims& dims, const float* params, const floa
   static_assert(has_device_dynamics<Integrator>,
                 "coupledqk::cuda::dynamics_backward: no device dynamics for this integrator policy (supported: "
                 "Identity, SymplecticSplitting schemes of at most 64 merged stages, Euler<N> and Uncoupled<N> "
-                "with N <= 32)");
+                "with N <= 32, Affine<N>)");
   using namespace dynamics_detail;
   constexpr Kind kind = kind_of<Integrator>();
   const char* fn = "dynamics_backward";
@@ -1135,21 +1153,25 @@ void dynamics_backward(const DynamicsDims& dims, const float* params, const floa
     require_pointer(dk, "dk", fn, dims);
     require_pointer(dparams, "dparams", fn, dims);
     require_pointer(drho, "drho", fn, dims);
-    launch_backward<kind, T>(dims, make_ops<Integrator>(), params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
+    if constexpr (kind == Kind::affine)
+      affine_backward<T>(dims, Integrator::steps, params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
+    else
+      launch_backward<kind, T>(dims, make_ops<Integrator>(), params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
   } else {
     (void)params, (void)rho, (void)q_in, (void)k_in, (void)dq, (void)dk, (void)dparams, (void)drho, (void)stream;
   }
 }
 
 /// The launch a call would make on the current device (tile rows, shared memory, grid, scratch):
-/// for benchmarks and reports. Identity has none (blocks = 0).
+/// for benchmarks and reports. Identity has none (blocks = 0); nor is it reported for Affine (its
+/// own kernels, affine.cuh).
 template <class Integrator, class T>
 dynamics_detail::LaunchPlan dynamics_launch_plan(const DynamicsDims& dims, bool backward) {
   using namespace dynamics_detail;
   constexpr Kind kind = kind_of<Integrator>();
   static_assert(kind != Kind::unsupported, "coupledqk::cuda::dynamics_launch_plan: unsupported policy");
   validate(dims, kind, "dynamics_launch_plan");
-  if constexpr (kind == Kind::identity) {
+  if constexpr (kind == Kind::identity || kind == Kind::affine) {
     return {};
   } else {
     return plan_launch<kind, T>(dims, make_ops<Integrator>().count, backward);
@@ -1157,3 +1179,5 @@ dynamics_detail::LaunchPlan dynamics_launch_plan(const DynamicsDims& dims, bool 
 }
 
 }  // namespace coupledqk::cuda
+
+#include "affine.cuh"  // Affine<N>: its kernels and the two functions declared above
