@@ -27,8 +27,6 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include <coupledqk/io/safetensors.hpp>
 #include <coupledqk/registry.hpp>
 
@@ -205,24 +203,14 @@ void run(const io::file& in, const case_settings& settings, bool recompute, cons
   const Index B = static_cast<Index>(shape[0]), T = static_cast<Index>(shape[1]),
               D = static_cast<Index>(shape[2]);
   // Sizes from the file, checked before anything is allocated from them: the dynamics width
-  // cannot exceed the parameters the file holds, and the layer's scores [B, H, T, T] (a few copies
-  // of them are kept for the backward) must fit in memory.
+  // cannot exceed the parameters the file holds. (B*T*D is the size of x, which the file holds; the
+  // fast attention path keeps no [T, T] matrix, so T costs time, not memory.)
   double held = 0;
   for (const auto& t : in.tensors) held += static_cast<double>(t.numel());
   if (static_cast<double>(settings.hidden) > held)
     throw coupledqk::io_error(in_file(in.source) + "metadata 'm' is " + std::to_string(settings.hidden) +
                               ", more than the " + std::to_string(static_cast<long long>(held)) +
                               " elements the file holds; the dynamics' tensors cannot match it");
-  const double scores = static_cast<double>(B) * static_cast<double>(settings.heads) * static_cast<double>(T) *
-                        static_cast<double>(T) * static_cast<double>(sizeof(S));
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
-  const double memory = pages > 0 && page_size > 0 ? static_cast<double>(pages) * static_cast<double>(page_size) : 0;
-  if (memory > 0 && 4 * scores > memory)
-    throw coupledqk::io_error(in_file(in.source) + "x has shape " + shape_string(shape) + " and heads is " +
-                              std::to_string(settings.heads) + ": the attention scores [B, H, T, T] alone need " +
-                              std::to_string(static_cast<long long>(scores / 1e6)) + " MB (several copies are kept), "
-                              "more than this machine's " + std::to_string(static_cast<long long>(memory / 1e6)) +
-                              " MB of memory");
 
   coupledqk::AttentionConfig config;
   config.dim = D;

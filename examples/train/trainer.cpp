@@ -215,8 +215,9 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
                          {T * D, "--seq, --dim"},
                          {L * 12 * D * D, "--dim, --layers"},
                          {dynamics ? L * H * 2 * d * m : 0, "--m, --layers"}};
-  // One step's activations: the logits [B*T, V], and per block the attention scores [B, H, T, T].
-  const Term activations[] = {{B * T * V, "--batch, --seq, --vocab"}, {L * B * H * T * T, "--seq, --batch, --heads"}};
+  // One step's activations: the logits [B*T, V], and per block at least its input [B*T, D]. (Not
+  // the scores [B, H, T, T]: the fast attention path keeps only their row log-sum-exps.)
+  const Term activations[] = {{B * T * V, "--batch, --seq, --vocab"}, {L * B * T * D, "--batch, --seq, --dim"}};
   double largest = -1;
   for (const Term& t : params) {
     e.parameters += t.floats;

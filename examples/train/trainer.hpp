@@ -96,7 +96,7 @@ void validate(const TrainOptions& o);
 void validate_explicit(const TrainOptions& o, const std::function<bool(const std::string&)>& given);
 
 /// A lower bound on the memory a run of these sizes needs (float32 parameters, gradients and
-/// AdamW state, and one step's logits and attention scores), with the flags of its largest term,
+/// AdamW state, and one step's logits and block inputs), with the flags of its largest term,
 /// and the machine's physical memory (0: unknown). validate() refuses a run that cannot fit.
 struct MemoryEstimate {
   double parameters = 0, activations = 0;  ///< floats
