@@ -141,7 +141,7 @@ Reference reference(const typename I::template parameters<double>& p, const Shap
   }
   Vector<double> tau(P);
   for (Index r = 0; r < P; ++r) tau[r] = softplus_d(rho[static_cast<std::size_t>(r % H)]);
-  cq::trace_of<I, double> trace;
+  trace_of<I, double> trace;
   I::template forward<double>(p, tau, q, k, &trace, DynamicsMemory::store);
   auto grad = zeros_like(p);
   Vector<double> dtau = Vector<double>::Zero(P);
