@@ -43,6 +43,15 @@ struct AttentionConfig {
   Index hidden_width() const { return hidden > 0 ? hidden : head_dim(); }
 };
 
+/// How far a layer's dynamics move its queries and keys on some input (Attention::dynamics_diagnostics):
+/// whether the learned map left the identity. Empty tau and zero displacements for Identity.
+struct LayerDynamics {
+  std::vector<double> tau;    ///< integration time per head, softplus(rho_h)
+  double q_displacement = 0;  ///< mean over (token, head) pairs of |q' - q| / |q|
+  double k_displacement = 0;  ///< the same for the keys
+  Index pairs = 0;            ///< pairs averaged over (pairs with q = 0 or k = 0 are skipped for that mean)
+};
+
 /// Throws a descriptive coupledqk::invalid_argument unless the config is usable.
 inline void validate(const AttentionConfig& c) {
   require(c.dim > 0, "attention: dim (D) must be positive; got ", c.dim);
@@ -194,6 +203,43 @@ class Attention {
     Matrix<S> y;
     forward_into(x, batch, ctx, y);
     return y;
+  }
+
+  /// The dynamics' displacement of the queries and keys of input x [B*T, D] (rows ordered (b, t),
+  /// batch = B) and the integration times: see LayerDynamics. Runs the forward once.
+  LayerDynamics dynamics_diagnostics(const ConstMatrixRef<S>& x, Index batch) const {
+    LayerDynamics out;
+    if constexpr (Integrator::has_dynamics) {
+      for (Index h = 0; h < params.rho.size(); ++h) out.tau.push_back(static_cast<double>(softplus(params.rho(h))));
+      Context c;
+      Matrix<S> y;
+      forward_into(x, batch, &c, y);  // c.q, c.k: the evolved Q', K'
+      const Index N = x.rows(), D = config_.dim, d = config_.head_dim(), P = N * config_.heads;
+      Matrix<S> q0(N, D), k0(N, D);
+      gemm<S>(x, false, params.wq, false, q0);
+      gemm<S>(x, false, params.wk, false, k0);
+      auto mean_relative = [&](const Matrix<S>& before, const Matrix<S>& after) {
+        const ConstMatrixMap<S> b(before.data(), P, d), a(after.data(), P, d);
+        double sum = 0;
+        Index n = 0;
+        for (Index r = 0; r < P; ++r) {
+          const double norm = static_cast<double>(b.row(r).norm());
+          if (norm > 0) {
+            sum += static_cast<double>((a.row(r) - b.row(r)).norm()) / norm;
+            ++n;
+          }
+        }
+        return n ? sum / static_cast<double>(n) : 0.0;
+      };
+      out.q_displacement = mean_relative(q0, c.q);
+      out.k_displacement = mean_relative(k0, c.k);
+      out.pairs = P;
+    } else {
+      require(x.cols() == config_.dim, "attention dynamics_diagnostics: x has ", x.cols(), " columns; expected D = ",
+              config_.dim);
+      (void)batch;
+    }
+    return out;
   }
 
   /// forward() writing y [B*T, D] into a given matrix (resized if needed; no allocation when it

@@ -202,7 +202,7 @@ inline std::string gpt_tensor_name(Index block, const char* name) {
 
 /// A GPT whose attention variant is fixed by the derived Gpt<S, Integrator, Scoring> (make_gpt picks
 /// it at run time). Everything that does not depend on the attention policies is here, compiled
-/// once per scalar type; the derived class supplies the attention layers through five hooks. (So
+/// once per scalar type; the derived class supplies the attention layers through six hooks. (So
 /// the registry's 58 variants cost little more to compile than the layers themselves.)
 template <class S>
 class AnyGpt {
@@ -253,6 +253,22 @@ class AnyGpt {
   /// with_gradients: whether a later tape.backward() accumulates into the model's gradient buffer;
   /// false binds every parameter as a constant (nothing is kept for a backward).
   Var forward(Tape<S>& t, TokenSpan tokens, Index batch, bool with_gradients) {
+    return forward_probed(t, tokens, batch, with_gradients, nullptr);
+  }
+
+  /// Per block: how far the attention layer's dynamics move its queries and keys on these tokens,
+  /// and its integration times (Attention::dynamics_diagnostics on the layer's actual input, ln1(x)).
+  /// Clears the tape; modifies nothing.
+  std::vector<LayerDynamics> dynamics_diagnostics(Tape<S>& t, TokenSpan tokens, Index batch) const {
+    std::vector<LayerDynamics> out;
+    t.clear();
+    mutable_self().forward_probed(t, tokens, batch, false, &out);
+    t.clear();
+    return out;
+  }
+
+  /// forward(); with a probe, also each block's dynamics diagnostics (see dynamics_diagnostics).
+  Var forward_probed(Tape<S>& t, TokenSpan tokens, Index batch, bool with_gradients, std::vector<LayerDynamics>* probe) {
     const Index T = check_tokens(tokens, batch, "tokens");
     const Index N = tokens.size;
     auto bind = [&](const auto& value, auto& grad) { return t.parameter(value, with_gradients ? &grad : nullptr); };
@@ -268,6 +284,7 @@ class AnyGpt {
       GptBlock<S>& g = grads_.h[static_cast<std::size_t>(l)];
       // x += attn(ln1(x))
       Var a = ops::layer_norm(t, x, bind(p.ln1_g, g.ln1_g), bind(p.ln1_b, g.ln1_b));
+      if (probe) probe->push_back(attention_dynamics(l, t.value(a), batch));
       a = attention_node(t, l, a, batch, with_gradients);
       x = ops::add(t, x, a);
       // x += proj(gelu(fc(ln2(x))))
@@ -378,6 +395,8 @@ class AnyGpt {
   virtual Index attention_parameter_count(Index l, bool dynamics_only) const = 0;
   /// Sets layer l's gradient buffer to zero.
   virtual void zero_attention_gradients(Index l) = 0;
+  /// Layer l's Attention::dynamics_diagnostics on its input x [B*T, D].
+  virtual LayerDynamics attention_dynamics(Index l, const ConstMatrixRef<S>& x, Index batch) const = 0;
 
  private:
   AnyGpt& mutable_self() const {
@@ -443,6 +462,9 @@ class Gpt final : public AnyGpt<S> {
     if (grads) append_views<S>(layer_grads_[i], prefix, *grads);
   }
   void zero_attention_gradients(Index l) override { set_zero(layer_grads_[static_cast<std::size_t>(l)]); }
+  LayerDynamics attention_dynamics(Index l, const ConstMatrixRef<S>& x, Index batch) const override {
+    return layers_[static_cast<std::size_t>(l)].dynamics_diagnostics(x, batch);
+  }
   Index attention_parameter_count(Index l, bool dynamics_only) const override {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     return dynamics_only ? layer.dynamics_parameter_count() : layer.parameter_count();

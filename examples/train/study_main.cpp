@@ -1,0 +1,415 @@
+// coupledqk-study: runs a reproduction study described by a plan file (studies/*.json), run by run,
+// storing each finished run's result; reports the paper's claims with paired confidence intervals.
+//
+//   coupledqk-study run studies/claims-cpu.json --max-minutes 120     # what is missing, resumable
+//   coupledqk-study status studies/claims-cpu.json
+//   coupledqk-study report studies/claims-cpu.json                    # docs/reproduction.md + plots
+//   coupledqk-study merge studies/claims-cpu.json OTHER_RESULTS_DIR   # results of other shards
+//
+// docs/reproduction.md (the report) and docs/training.md describe the plan format and the rules.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "study.hpp"
+
+namespace ct = coupledqk::train;
+namespace cs = coupledqk::train::study;
+namespace fs = std::filesystem;
+using coupledqk::Index;
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto p = line.find(':');
+      if (p != std::string::npos) return line.substr(p + 2);
+    }
+  return "unknown CPU";
+}
+
+std::string quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=./:,+@") ==
+                        std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+/// "i/n" with 1 <= i <= n.
+std::pair<int, int> parse_shard(const std::string& text) {
+  int i = 0, n = 0;
+  char extra = 0;
+  if (std::sscanf(text.c_str(), "%d/%d%c", &i, &n, &extra) != 2 || n < 1 || i < 1 || i > n)
+    throw coupledqk::invalid_argument("--shard '" + text + "'; expected i/n with 1 <= i <= n (e.g. 1/2 and 2/2)");
+  return {i, n};
+}
+
+/// Seconds per training token of finished runs with the same model shape (else all), for estimates.
+double seconds_per_token(const cs::Plan& plan, const cs::Store& store, const cs::RunSpec& run) {
+  double same = 0, same_tokens = 0, all = 0, all_tokens = 0;
+  for (const auto& [id, r] : store.results()) {
+    const cs::RunSpec* spec = nullptr;
+    for (const cs::RunSpec& s : plan.runs)
+      if (s.id == id) spec = &s;
+    if (!spec || r.tokens <= 0) continue;
+    all += r.train_seconds;
+    all_tokens += static_cast<double>(r.tokens);
+    const auto& a = spec->options;
+    const auto& b = run.options;
+    if (a.dim == b.dim && a.layers == b.layers && a.seq == b.seq && a.vocab == b.vocab && a.heads == b.heads &&
+        a.device == b.device) {
+      same += r.train_seconds;
+      same_tokens += static_cast<double>(r.tokens);
+    }
+  }
+  if (same_tokens > 0) return same / same_tokens;
+  if (all_tokens > 0) return all / all_tokens;
+  return 0;
+}
+
+double estimate_seconds(const cs::Plan& plan, const cs::Store& store, const cs::RunSpec& run) {
+  // steps > 1 integrate N sub-steps: a rough factor (measured runs of the same shape dominate anyway)
+  return seconds_per_token(plan, store, run) * static_cast<double>(ct::effective_budget_tokens(run.options)) *
+         (1.0 + 0.1 * (run.variant.steps - 1));
+}
+
+std::string duration(double s) { return s > 0 ? ct::format_duration(s) : std::string("unknown"); }
+
+struct Common {
+  std::string plan_path, results, device;
+};
+
+cs::Plan load(const Common& c) {
+  std::map<std::string, std::string> overrides;
+  if (!c.device.empty()) overrides["device"] = c.device;
+  return cs::load_plan(c.plan_path, overrides);
+}
+
+std::string results_dir(const Common& c, const cs::Plan& plan) {
+  if (!c.results.empty()) return c.results;
+  return (fs::path(c.plan_path).parent_path() / "results" / plan.name).string();
+}
+
+/// The runs this process is responsible for (its shard), in plan order.
+std::vector<const cs::RunSpec*> shard_runs(const cs::Plan& plan, std::pair<int, int> shard) {
+  std::vector<const cs::RunSpec*> out;
+  for (std::size_t i = 0; i < plan.runs.size(); ++i)
+    if (static_cast<int>(i % static_cast<std::size_t>(shard.second)) == shard.first - 1) out.push_back(&plan.runs[i]);
+  return out;
+}
+
+int status(const Common& c) {
+  const cs::Plan plan = load(c);
+  const cs::Store store(plan, results_dir(c, plan));
+  std::map<std::string, int> versions;
+  for (const auto& [id, r] : store.results()) versions[r.code_version]++;
+  std::cout << "plan " << plan.name << " (" << plan.path << "): " << store.results().size() << " of " << plan.runs.size()
+            << " runs finished, results in " << store.dir() << "\n";
+  double left = 0;
+  bool unknown = false;
+  for (const cs::Group& g : plan.groups) {
+    int done = 0, total = 0;
+    for (std::uint64_t s : g.seeds)
+      for (const cs::VariantSpec& v : g.variants) {
+        const cs::RunSpec* r = plan.find(cs::ArmRef{g.name, v.label}, s);
+        ++total;
+        done += store.done(*r);
+      }
+    std::cout << "  group " << g.name << ": " << done << "/" << total << "\n";
+  }
+  for (const cs::RunSpec& r : plan.runs)
+    if (!store.done(r)) {
+      const double e = estimate_seconds(plan, store, r);
+      left += e;
+      unknown |= e <= 0;
+    }
+  std::cout << "estimated time left (one process): " << (unknown && left == 0 ? "unknown" : duration(left))
+            << (unknown && left > 0 ? " (plus runs of shapes not measured yet)" : "") << "\n";
+  for (const auto& [v, n] : versions)
+    std::cout << "code version " << v << ": " << n << " runs" << (v == cs::code_version() ? " (this build)" : "") << "\n";
+  if (!store.orphans().empty())
+    std::cout << store.orphans().size() << " stored results are not runs of this plan (kept, not used)\n";
+  return 0;
+}
+
+int report(const Common& c, const std::string& out, int argc, char** argv) {
+  const cs::Plan plan = load(c);
+  const cs::Store store(plan, results_dir(c, plan));
+  cs::ReportOptions o;
+  o.out = out;
+  o.command = "build/examples/train/coupledqk-study run " + quote(plan.path) + "\n";
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + quote(i == 0 ? "build/examples/train/coupledqk-study" : argv[i]);
+  o.command += cmd;
+  const auto files = cs::write_report(plan, store, o);
+  std::cout << "wrote " << files.front() << " (" << store.results().size() << " of " << plan.runs.size()
+            << " runs) and " << files.size() - 1 << " files beside it\n";
+  for (const cs::ClaimResult& r : cs::evaluate(plan, store.results()))
+    std::cout << "  claim " << r.claim->id << ": " << r.verdict << " (" << r.runs_done << "/" << r.runs_needed
+              << " runs)\n";
+  return 0;
+}
+
+int merge(const Common& c, const std::vector<std::string>& dirs) {
+  const cs::Plan plan = load(c);
+  cs::Store store(plan, results_dir(c, plan));
+  for (const std::string& d : dirs) {
+    const auto [copied, present] = store.merge(d);
+    std::cout << "merged " << d << ": " << copied << " results copied, " << present << " already here\n";
+  }
+  return 0;
+}
+
+struct RunFlags {
+  double max_minutes = 0;
+  int max_runs = 0;
+  std::string shard = "1/1";
+  int threads = -1;
+  std::string work;
+  std::string progress = "lines";
+  bool rerun_other_versions = false;
+  bool keep_checkpoints = false;
+  Index stop_run_after_steps = 0;
+  Index checkpoint_every = 64;
+  Index diagnostic_windows = 16;
+};
+
+/// Trains one run (resuming its checkpoint when there is one); returns false when it stopped early.
+bool train_one(const cs::Plan& plan, cs::Store& store, const cs::RunSpec& run, const RunFlags& f, int threads,
+               const fs::path& work, std::map<std::string, std::unique_ptr<ct::TrainData>>& data_cache, bool first,
+               ct::TrainResult& out) {
+  ct::TrainOptions o = run.options;
+  o.threads = threads;
+  o.checkpoint = (work / (run.id + ".safetensors")).string();
+  o.metrics = (work / (run.id + ".jsonl")).string();
+  o.checkpoint_every = f.checkpoint_every;
+  std::error_code ec;
+  o.resume = fs::exists(o.checkpoint, ec);
+  if (!o.resume) fs::remove(o.metrics, ec);  // from a run that died before its first checkpoint
+  o.stop_after_steps = first ? f.stop_run_after_steps : 0;
+  o.progress = ct::parse_progress_mode(f.progress);
+  ct::preflight(o);
+  const std::string key = ct::corpus_key(o.corpus) + "|" + std::to_string(o.vocab) + "|" + o.cache_dir;
+  auto& data = data_cache[key];
+  if (!data) data = std::make_unique<ct::TrainData>(ct::prepare_data(o));
+  ct::Progress progress(o.progress, run.title());
+  if (o.resume) progress.message("resuming " + run.title() + " from its checkpoint");
+  out = ct::train(o, *data, progress);
+  if (out.interrupted || out.stopped_early) return false;
+
+  // dynamics diagnostics on the first validation windows, with the final parameters
+  const ct::Checkpoint ckpt = ct::read_checkpoint(o.checkpoint);
+  const std::unique_ptr<ct::Model> model = ct::load_model(ckpt);
+  const auto& valid = data->streams.valid;
+  const Index T = o.seq, windows = std::min<Index>(f.diagnostic_windows, static_cast<Index>(valid.size()) / T);
+  cs::RunResult r;
+  if (windows > 0) {
+    coupledqk::Tape<float> tape;
+    const std::vector<std::int32_t> tokens(valid.begin(), valid.begin() + windows * T);
+    for (const coupledqk::LayerDynamics& d :
+         model->dynamics_diagnostics(tape, coupledqk::TokenSpan{tokens.data(), static_cast<Index>(tokens.size())}, windows))
+      if (!d.tau.empty()) r.dynamics.push_back(cs::LayerDiagnostics{d.tau, d.q_displacement, d.k_displacement});
+  }
+  r.plan = plan.name;
+  r.id = run.id;
+  r.identity = run.identity;
+  r.group = run.group;
+  r.variant = run.variant.label;
+  r.seed = run.seed;
+  r.code_version = cs::code_version();
+  r.valid_loss = out.valid_loss;
+  r.valid_ppl = out.valid_ppl;
+  r.test_loss = out.test_loss;
+  r.test_ppl = out.test_ppl;
+  r.tokens_per_s = out.tokens_per_s;
+  r.train_seconds = out.train_seconds;
+  r.tokens = out.tokens_seen;
+  r.steps = out.total_steps;
+  r.parameters = out.params.total;
+  r.dynamics_parameters = out.params.dynamics;
+  r.threads = out.threads;
+  r.device = out.device_name.empty() ? out.device : out.device_name;
+  r.machine = cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores";
+  std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  r.date = date;
+  r.curve = out.curve;
+  store.save(r);
+  if (!f.keep_checkpoints) {
+    fs::remove(o.checkpoint, ec);
+    fs::remove(o.metrics, ec);
+  }
+  return true;
+}
+
+int run(const Common& c, const RunFlags& f) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  auto minutes = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count() / 60;
+  };
+  const cs::Plan plan = load(c);
+  cs::Store store(plan, results_dir(c, plan));
+  const auto shard = parse_shard(f.shard);
+  if (f.max_minutes < 0) throw coupledqk::invalid_argument("--max-minutes must be >= 0 (0: no limit)");
+  if (f.max_runs < 0) throw coupledqk::invalid_argument("--max-runs must be >= 0 (0: no limit)");
+  if (f.checkpoint_every < 1) throw coupledqk::invalid_argument("--checkpoint-every must be >= 1");
+  const std::vector<const cs::RunSpec*> mine = shard_runs(plan, shard);
+  std::vector<const cs::RunSpec*> todo;
+  std::map<std::string, int> other_versions;
+  for (const cs::RunSpec* r : mine) {
+    if (!store.done(*r)) {
+      todo.push_back(r);
+      continue;
+    }
+    const std::string& v = store.results().at(r->id).code_version;
+    if (v != cs::code_version()) {
+      other_versions[v]++;
+      if (f.rerun_other_versions) todo.push_back(r);
+    }
+  }
+  const std::size_t total = mine.size();
+  std::size_t done = total - todo.size();
+  std::cout << "plan " << plan.name << ": " << plan.runs.size() << " runs";
+  if (shard.second > 1) std::cout << ", shard " << shard.first << "/" << shard.second << ": " << total;
+  std::cout << "; " << done << " finished, " << todo.size() << " to run; results in " << store.dir() << std::endl;
+  for (const auto& [v, n] : other_versions)
+    std::cout << "note: " << n << " stored results come from code version " << v << " (this build: "
+              << cs::code_version() << "); "
+              << (f.rerun_other_versions ? "training them again (--rerun-other-versions)"
+                                         : "used as they are and flagged in the report; --rerun-other-versions "
+                                           "trains them again")
+              << std::endl;
+  // Every run's options are checked before anything trains (unknown names, sizes, devices).
+  for (const cs::RunSpec* r : todo) {
+    ct::TrainOptions o = r->options;
+    o.threads = 1;
+    ct::validate(o);
+  }
+  const fs::path work = f.work.empty() ? fs::path(ct::default_cache_dir()) / "study" / plan.name : fs::path(f.work);
+  std::error_code ec;
+  fs::create_directories(work, ec);
+  if (ec) throw coupledqk::io_error("cannot create the work folder '" + work.string() + "': " + ec.message());
+  const int threads = ct::set_threads(f.threads >= 0 ? f.threads : plan.threads);
+  ct::install_interrupt_handler();
+  std::map<std::string, std::unique_ptr<ct::TrainData>> data_cache;
+  int ran = 0;
+  for (const cs::RunSpec* r : todo) {
+    double left = 0;
+    bool unknown = false;
+    for (const cs::RunSpec* x : todo)
+      if (!store.done(*x) || x == r) {
+        const double e = estimate_seconds(plan, store, *x);
+        left += e;
+        unknown |= e <= 0;
+      }
+    if (f.max_runs > 0 && ran >= f.max_runs) {
+      std::cout << "stopping: --max-runs " << f.max_runs << " reached; " << total - done
+                << " runs left (run the command again to continue)" << std::endl;
+      return 0;
+    }
+    const double estimate = estimate_seconds(plan, store, *r);
+    if (f.max_minutes > 0 && (minutes() >= f.max_minutes || minutes() + estimate / 60 > f.max_minutes)) {
+      std::cout << "stopping: --max-minutes " << f.max_minutes << " (" << std::fixed << std::setprecision(1)
+                << minutes() << " min used; the next run needs about " << duration(estimate) << "); " << total - done
+                << " runs left" << std::endl;
+      return 0;
+    }
+    std::cout << "[" << done + 1 << "/" << total << "] " << r->title() << " (id " << r->id << ", " << threads
+              << " thread" << (threads == 1 ? "" : "s") << "); about " << duration(left)
+              << (unknown ? " (+ unmeasured shapes)" : "") << " left" << std::endl;
+    ct::TrainResult res;
+    const bool finished = train_one(plan, store, *r, f, threads, work, data_cache, ran == 0, res);
+    ++ran;
+    if (!finished) {
+      std::cout << (res.interrupted ? "interrupted" : "stopped (--stop-run-after-steps)") << ": " << r->title()
+                << " at step " << res.steps_done << " of " << res.total_steps
+                << "; its checkpoint resumes it on the next run of this command" << std::endl;
+      return res.interrupted ? 130 : 0;
+    }
+    ++done;
+    std::cout << "[" << done << "/" << total << "] done " << r->title() << ": valid ppl " << std::fixed
+              << std::setprecision(3) << res.valid_ppl << ", test ppl " << res.test_ppl << ", "
+              << std::setprecision(0) << res.tokens_per_s << " tokens/s, " << std::setprecision(1) << res.wall_seconds
+              << " s" << std::defaultfloat << std::endl;
+  }
+  std::cout << "all " << total << " runs " << (shard.second > 1 ? "of this shard " : "") << "finished; "
+            << "coupledqk-study report " << quote(plan.path) << " writes the report" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Run a reproduction study from a plan file, resumably, and report the paper's claims with "
+               "paired confidence intervals (docs/reproduction.md)",
+               "coupledqk-study"};
+  app.require_subcommand(1);
+  Common common;
+  RunFlags rf;
+  std::string out = "docs/reproduction.md";
+  std::vector<std::string> merge_dirs;
+  auto add_common = [&](CLI::App* sub) {
+    sub->add_option("plan", common.plan_path, "the plan file (e.g. studies/claims-cpu.json)")->required();
+    sub->add_option("--results", common.results, "results folder (default: <plan folder>/results/<plan name>)");
+    sub->add_option("--device", common.device, "train on this device instead of the plan's (cpu, cuda); "
+                                               "it is part of each run's identity");
+  };
+  CLI::App* run_cmd = app.add_subcommand("run", "train the plan's runs that have no result yet");
+  add_common(run_cmd);
+  run_cmd->add_option("--max-minutes", rf.max_minutes,
+                      "stop between runs before this many minutes have passed (0: no limit)");
+  run_cmd->add_option("--max-runs", rf.max_runs, "stop after this many runs (0: no limit)");
+  run_cmd->add_option("--shard", rf.shard, "run only shard i of n (runs i, i+n, ... in plan order), e.g. 1/2")
+      ->capture_default_str();
+  run_cmd->add_option("--threads", rf.threads, "threads per run (default: the plan's; 0: the idle cores)");
+  run_cmd->add_option("--work", rf.work, "folder for checkpoints of unfinished runs (default: <cache>/study/<plan>)");
+  run_cmd->add_option("--progress", rf.progress, "progress display: auto, bar, lines, off")->capture_default_str();
+  run_cmd->add_option("--checkpoint-every", rf.checkpoint_every, "steps between checkpoints of a run")
+      ->capture_default_str();
+  run_cmd->add_flag("--rerun-other-versions", rf.rerun_other_versions,
+                    "train again the runs whose stored result comes from another code version");
+  run_cmd->add_flag("--keep-checkpoints", rf.keep_checkpoints, "keep each finished run's checkpoint in the work folder");
+  run_cmd->add_option("--stop-run-after-steps", rf.stop_run_after_steps,
+                      "stop the first run after this many steps as if interrupted (tests)");
+  CLI::App* status_cmd = app.add_subcommand("status", "runs finished and left, code versions, time left");
+  add_common(status_cmd);
+  CLI::App* report_cmd = app.add_subcommand("report", "write the report (markdown, JSON, PNG plots)");
+  add_common(report_cmd);
+  report_cmd->add_option("--out", out, "the markdown file; plots go to a folder of its name beside it")
+      ->capture_default_str();
+  CLI::App* merge_cmd = app.add_subcommand("merge", "copy the results of other shards' folders into this one");
+  add_common(merge_cmd);
+  merge_cmd->add_option("dirs", merge_dirs, "results folders to merge")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*run_cmd) return run(common, rf);
+    if (*status_cmd) return status(common);
+    if (*report_cmd) return report(common, out, argc, argv);
+    if (*merge_cmd) return merge(common, merge_dirs);
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::cerr << "coupledqk-study: error: " << e.what() << std::endl;
+    return 1;
+  }
+}
