@@ -228,3 +228,41 @@ TEST_CASE("results do not depend on the thread count") {
   CHECK((std::get<3>(one).array() == std::get<3>(two).array()).all());
 }
 #endif
+
+TEST_CASE("dynamics diagnostics: tau from rho, the displacement recomputed by hand, zero at the identity") {
+  using L = Variant<Leapfrog<2>, Softmax>;
+  const auto layer = random_layer<double, L>(kD, kH, kM, 21);
+  Rng rng(22);
+  const Matrix<double> x = random_matrix<double>(kB * kT, kD, rng);
+  const LayerDynamics d = layer.dynamics_diagnostics(x, kB);
+  REQUIRE(d.tau.size() == static_cast<std::size_t>(kH));
+  for (Index h = 0; h < kH; ++h) CHECK(d.tau[static_cast<std::size_t>(h)] == doctest::Approx(std::log1p(std::exp(layer.params.rho(h)))));
+  // by hand: Q = x Wq before the dynamics, Q' from the forward's context, per (token, head) pair
+  decltype(layer)::Context c;
+  layer.forward(x, kB, &c);
+  const Matrix<double> q0 = x * layer.params.wq, k0 = x * layer.params.wk;
+  const Index hd = kD / kH;
+  double sq = 0, sk = 0;
+  for (Index r = 0; r < kB * kT; ++r)
+    for (Index h = 0; h < kH; ++h) {
+      sq += (c.q.row(r).segment(h * hd, hd) - q0.row(r).segment(h * hd, hd)).norm() / q0.row(r).segment(h * hd, hd).norm();
+      sk += (c.k.row(r).segment(h * hd, hd) - k0.row(r).segment(h * hd, hd)).norm() / k0.row(r).segment(h * hd, hd).norm();
+    }
+  CHECK(d.pairs == kB * kT * kH);
+  CHECK(d.q_displacement == doctest::Approx(sq / static_cast<double>(kB * kT * kH)).epsilon(1e-12));
+  CHECK(d.k_displacement == doctest::Approx(sk / static_cast<double>(kB * kT * kH)).epsilon(1e-12));
+  CHECK(d.q_displacement > 1e-3);
+  // the spec's initialisation (dynamics_init_scale 0) is exactly the identity
+  AttentionConfig cfg = layer.config();
+  cfg.dynamics_init_scale = 0;
+  const Attention<double, Leapfrog<2>, Softmax> zero(cfg, 3);
+  const LayerDynamics z = zero.dynamics_diagnostics(x, kB);
+  CHECK(z.q_displacement == 0);
+  CHECK(z.k_displacement == 0);
+  CHECK(z.tau.size() == static_cast<std::size_t>(kH));
+  // standard attention has no dynamics
+  const Attention<double, Identity, Softmax> standard(cfg, 3);
+  const LayerDynamics s = standard.dynamics_diagnostics(x, kB);
+  CHECK(s.tau.empty());
+  CHECK(s.q_displacement == 0);
+}

@@ -19,19 +19,11 @@
 
 #include "data.hpp"
 
-#if __has_include("coupledqk_code_version.hpp")
-#include "coupledqk_code_version.hpp"
-#endif
-#ifndef COUPLEDQK_CODE_VERSION
-#define COUPLEDQK_CODE_VERSION "unknown"
-#endif
 
 namespace coupledqk::train::study {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-std::string code_version() { return COUPLEDQK_CODE_VERSION; }
 
 namespace {
 
@@ -269,6 +261,7 @@ Plan parse_plan(const std::string& text, const std::string& source,
     throw invalid_argument(where + ": \"plan\" = '" + p.name + "' must use letters, digits, '-', '_' and '.' only");
   if (j.contains("description")) p.description = need_string(j, "description", where);
   if (j.contains("notes")) p.notes_file = need_string(j, "notes", where);
+  if (j.contains("cpu_time")) p.cpu_time = need_string(j, "cpu_time", where);
   if (j.contains("threads")) {
     const json& t = j.at("threads");
     if (!t.is_number_integer() || t.get<long long>() < 0 || t.get<long long>() > max_threads)

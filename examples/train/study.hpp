@@ -84,6 +84,7 @@ struct Plan {
   std::string path;         ///< the plan file
   std::string description;  ///< one paragraph, for the report
   std::string notes_file;   ///< optional markdown included by the report (relative to the plan file)
+  std::string cpu_time;     ///< the plan's own statement of its total CPU time (quoted by the report)
   int threads = 0;          ///< default --threads of `run` (0: automatic)
   std::map<std::string, std::string> defaults;  ///< flag values for every run
   std::vector<Group> groups;

@@ -149,7 +149,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     g << "set terminal pngcairo size 900,560 font 'sans,10'\nset output '" << png.string() << "'\n"
       << "set title \"Claim " << c.id << ": validation perplexity (mean; band: min-max over seeds)\"\n"
       << "set xlabel 'training tokens'\nset ylabel 'validation perplexity (log scale)'\nset logscale y\nset grid\n"
-      << "set key top right\nset format x '%.0s%c'\nset style fill transparent solid 0.18 noborder\n";
+      << "set key top right\nset format x '%.1s%c'\nset style fill transparent solid 0.18 noborder\n";
     if (c.test == ClaimTest::tokens_to_target && cr.a_ppl > 0)
       g << "set arrow from graph 0, first " << cr.a_ppl << " to graph 1, first " << cr.a_ppl
         << " nohead dt 2 lc rgb '#555555'\nset label \"" << c.a.text() << " final\" at graph 0.02, first "
@@ -323,7 +323,8 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
   if (results.size() < plan.runs.size()) md << " (" << plan.runs.size() - results.size() << " pending: see below)";
   md << "; report generated " << date << ".\n"
      << "- **CPU time so far**: " << f("%.1f", cpu_seconds / 3600) << " core-hours of training ("
-     << "sum over runs of training seconds x threads; evaluations and data preparation excluded).\n";
+     << "sum over runs of training seconds x threads; evaluations and data preparation excluded)"
+     << (plan.cpu_time.empty() ? std::string(".") : "; the plan's estimate for all runs: " + plan.cpu_time + ".") << "\n";
   md << "- **Machines**: ";
   bool first = true;
   for (const auto& [m, n] : machines) {
