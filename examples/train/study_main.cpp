@@ -9,6 +9,7 @@
 // docs/reproduction.md (the report) and docs/training.md describe the plan format and the rules.
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -258,7 +259,22 @@ bool train_one(const cs::Plan& plan, cs::Store& store, const cs::RunSpec& run, c
   return true;
 }
 
+/// The number of processes an MPI launcher started (OMPI_COMM_WORLD_SIZE, PMI_SIZE), 1 without one.
+int launched_processes() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* v = std::getenv(name)) {
+      const int n = std::atoi(v);
+      if (n > 1) return n;
+    }
+  return 1;
+}
+
 int run(const Common& c, const RunFlags& f) {
+  if (const int n = launched_processes(); n > 1)
+    throw coupledqk::invalid_argument(
+        "coupledqk-study was started as " + std::to_string(n) + " processes by an MPI launcher; every one would train "
+        "and store the same runs. Spread a study over processes or machines with --shard i/n (one per process, no "
+        "launcher) and gather the results with merge (docs/training.md)");
   const auto wall_start = std::chrono::steady_clock::now();
   auto minutes = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count() / 60;

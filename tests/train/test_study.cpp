@@ -29,9 +29,9 @@ struct Ran {
   std::string out, err;
 };
 
-Ran run_study(const TempDir& dir, const std::string& args) {
+Ran run_study(const TempDir& dir, const std::string& args, const std::string& env = "") {
   const std::string out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd = "COUPLEDQK_CACHE='" + tiny_data().cache + "' '" + std::string(COUPLEDQK_STUDY_BIN) + "' " +
+  const std::string cmd = env + " COUPLEDQK_CACHE='" + tiny_data().cache + "' '" + std::string(COUPLEDQK_STUDY_BIN) + "' " +
                           args + " > '" + out + "' 2> '" + err + "'";
   const int raw = std::system(cmd.c_str());
   Ran r;
@@ -303,4 +303,9 @@ TEST_CASE("coupledqk-study: bad plans and foreign results give clear errors and 
   r = run_study(dir, "run '" + plan + "' --results '" + (dir / "res2") + "' --shard 3/2");
   CHECK(r.status == 1);
   CHECK(contains(r.err, "--shard '3/2'; expected i/n with 1 <= i <= n"));
+  // under an MPI launcher every process would train the same runs: refused, pointing to --shard
+  r = run_study(dir, "run '" + plan + "' --results '" + (dir / "res3") + "'", "OMPI_COMM_WORLD_SIZE=2");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "started as 2 processes by an MPI launcher"));
+  CHECK(contains(r.err, "--shard i/n"));
 }
