@@ -184,7 +184,12 @@ std::string cuda_unavailable_reason() {
   return "";
 }
 
-int select_cuda_device(int local_rank, int local_size, bool exclusive) {
+int select_cuda_device(int local_rank, int local_size) {
+#ifdef COUPLEDQK_WITH_NCCL
+  const bool exclusive = true;
+#else
+  const bool exclusive = false;
+#endif
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
     (void)cudaGetLastError();

@@ -58,9 +58,9 @@ class DeviceTrainer {
 };
 
 /// Makes the GPU of this process the node-local rank's one (cudaSetDevice(local_rank mod the device
-/// count)) and returns its index. exclusive: refuse more local ranks than GPUs (NCCL needs one GPU
-/// per rank), naming both counts.
-int select_cuda_device(int local_rank, int local_size, bool exclusive);
+/// count)) and returns its index. A build with NCCL refuses more ranks on a machine than GPUs
+/// (NCCL needs one GPU per rank), naming both counts; without NCCL the ranks share them.
+int select_cuda_device(int local_rank, int local_size);
 
 /// "" when a CUDA device is usable by this build, else why not (no driver, no device, no kernel
 /// image for the GPU's architecture, ...).

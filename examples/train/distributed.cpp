@@ -160,23 +160,25 @@ Communicator& world() {
   return *w;
 }
 
-void Communicator::sum(float* data, std::size_t n) {
+void Communicator::sum(float* data, std::size_t n, double scale) {
   if (size_ == 1) return;
 #ifdef COUPLEDQK_WITH_MPI
-  deterministic_sum(data, n, rank_, size_, 1.0);
+  deterministic_sum(data, n, rank_, size_, scale);
 #else
   (void)data;
   (void)n;
+  (void)scale;
 #endif
 }
 
-void Communicator::sum(double* data, std::size_t n) {
+void Communicator::sum(double* data, std::size_t n, double scale) {
   if (size_ == 1) return;
 #ifdef COUPLEDQK_WITH_MPI
-  deterministic_sum(data, n, rank_, size_, 1.0);
+  deterministic_sum(data, n, rank_, size_, scale);
 #else
   (void)data;
   (void)n;
+  (void)scale;
 #endif
 }
 
@@ -204,13 +206,13 @@ void Communicator::broadcast(std::vector<unsigned char>& bytes, int root) {
 #endif
 }
 
-void Communicator::broadcast(float* data, std::size_t n, int root) {
+void Communicator::broadcast(void* data, std::size_t bytes, int root) {
   if (size_ == 1) return;
 #ifdef COUPLEDQK_WITH_MPI
-  broadcast_bytes(data, n * sizeof(float), root);
+  broadcast_bytes(data, bytes, root);
 #else
   (void)data;
-  (void)n;
+  (void)bytes;
   (void)root;
 #endif
 }
@@ -252,8 +254,13 @@ void Communicator::agree(const std::string& error) {
   const std::vector<std::string> errors = all_gather(error);
   const std::vector<std::string> hosts = all_gather(host_);
   bool same = true;
-  for (const std::string& e : errors) same = same && e == errors[0];
+  int failures = 0;
+  for (const std::string& e : errors) {
+    same = same && e == errors[0];
+    failures += e.empty() ? 0 : 1;
+  }
   if (same) throw collective_error(errors[0]);  // every rank, the same failure (bad flags, say)
+  if (failures == 1 && !errors[0].empty()) throw collective_error(errors[0]);  // rank 0's files
   std::string message;
   int shown = 0;
   for (int r = 0; r < size_; ++r) {

@@ -46,19 +46,20 @@ class Communicator {
   /// Whether this build can run on several processes (compiled with MPI).
   static bool mpi_compiled();
 
-  /// In-place sum over the ranks (see the file comment); a no-op on one process. The two
-  /// overloads sum in double; the float one rounds each result once.
-  void sum(float* data, std::size_t n);
-  void sum(double* data, std::size_t n);
+  /// In-place sum over the ranks, times `scale` (1/size(): the mean), see the file comment; a
+  /// no-op on one process. Both sum in double; the float one rounds each result once.
+  void sum(float* data, std::size_t n, double scale = 1.0);
+  void sum(double* data, std::size_t n, double scale = 1.0);
   /// Root's bytes to every rank (the size included: `bytes` is resized on the other ranks).
   void broadcast(std::string& bytes, int root = 0);
   void broadcast(std::vector<unsigned char>& bytes, int root = 0);
-  void broadcast(float* data, std::size_t n, int root = 0);
+  void broadcast(void* data, std::size_t bytes, int root = 0);
   /// Every rank's string, in rank order.
   std::vector<std::string> all_gather(const std::string& text);
   /// Collective: `error` is this rank's failure ("" for none). Returns when no rank failed; else
   /// throws collective_error on every rank, with the failures of every rank that had one
-  /// ("rank 1 of 2 (host b): <message>", or just the message when every rank failed the same way).
+  /// ("rank 1 of 2 (host b): <message>", or just the message when every rank failed the same way
+  /// or rank 0 alone failed: rank 0 alone reads the checkpoint and writes files).
   void agree(const std::string& error);
   void barrier();
   /// Ends the whole job (MPI_Abort) after `message` is written to stderr; exit(code) on one process.
@@ -82,6 +83,10 @@ Communicator& world();
 /// collective_error naming the ranks that failed and why.
 template <class F>
 void together(Communicator& c, F&& f) {
+  if (c.size() == 1) {  // one process: the exception itself, as without MPI
+    f();
+    return;
+  }
   std::string error;
   try {
     f();
