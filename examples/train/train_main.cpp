@@ -36,6 +36,15 @@ void print_result(const ct::TrainOptions& o, const ct::TrainResult& r) {
   if (r.ranks > 1) std::printf("processes        %d (%s)\n", r.ranks, r.distributed.c_str());
   if (r.device != "cpu") std::printf("device           %s\n", r.device_name.c_str());
   std::printf("throughput       %.0f tokens/s (this session, evaluations excluded)\n", r.tokens_per_s);
+  if (r.ranks > 1 && r.steps_done > r.start_step) {
+    const double steps = static_cast<double>(r.steps_done - r.start_step);
+    // This session's training time, from its tokens and throughput.
+    const double session_tokens = steps * static_cast<double>(r.tokens_seen) / static_cast<double>(r.steps_done);
+    const double train_time = r.tokens_per_s > 0 ? session_tokens / r.tokens_per_s : 0;
+    std::printf("all-reduce       %.3f ms per step for %ld floats (%.1f%% of the training time)\n",
+                1e3 * r.reduce_seconds / steps, static_cast<long>(r.reduced_floats),
+                train_time > 0 ? 100 * r.reduce_seconds / train_time : 0.0);
+  }
   std::printf("train loss       %.4f (mean of the last steps)\n", r.final_train_loss);
   if (r.stopped_early) {
     std::printf("stopped early    after step %ld (%s)%s\n", static_cast<long>(r.steps_done),

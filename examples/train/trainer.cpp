@@ -720,8 +720,10 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
     float loss;
     bool interrupted;
   };
+  double reduce_time = 0;
   auto all_reduce = [&](float loss) -> Reduced {
     if (ranks == 1) return {loss, interrupted()};
+    const double t0 = now_seconds();
     if (nccl) {
       dev->average_gradients();
     } else if (dev) {
@@ -737,6 +739,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
     }
     double small[2] = {static_cast<double>(loss), interrupted() ? 1.0 : 0.0};
     comm.sum(small, 2);
+    reduce_time += now_seconds() - t0;
     return {static_cast<float>(small[0] / ranks), small[1] > 0};
   };
   // An evaluation split over the ranks (each its share of the windows, Bl at a time), summed.
@@ -770,6 +773,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
       if (i > 0) step_time += (now_seconds() - t0) / 2;
     }
     model->zero_grad();
+    reduce_time = 0;
     // Rank 0's estimate stands on every rank: all ranks must run the same steps.
     comm.broadcast(&step_time, sizeof step_time);
     step_time *= 1.05;  // the optimiser update
@@ -909,6 +913,8 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
   r.steps_done = state.step;
   r.tokens_seen = state.tokens_seen;
   r.tokens_per_s = train_time > 0 ? static_cast<double>(session_tokens) / train_time : 0;
+  r.reduce_seconds = reduce_time;
+  r.reduced_floats = ranks > 1 ? static_cast<Index>(total_size(model->gradients())) : 0;
   r.last_loss = r.losses.empty() ? std::nan("") : r.losses.back();
   if (!r.losses.empty()) {
     const std::size_t n = std::min<std::size_t>(20, r.losses.size());
@@ -973,6 +979,10 @@ std::string summary_json(const TrainOptions& o, const TrainResult& r) {
   j["test_loss"] = r.test_loss;
   j["test_ppl"] = r.test_ppl;
   j["tokens_per_s"] = r.tokens_per_s;
+  if (r.ranks > 1) {
+    j["allreduce_seconds"] = r.reduce_seconds;
+    j["allreduce_floats"] = r.reduced_floats;
+  }
   j["train_seconds"] = r.train_seconds;
   j["wall_seconds"] = r.wall_seconds;
   return j.dump();

@@ -191,6 +191,8 @@ struct TrainResult {
   double valid_loss = 0, valid_ppl = 0;  ///< whole validation split, at the end
   double test_loss = 0, test_ppl = 0;    ///< whole test split, at the end
   double tokens_per_s = 0;           ///< training throughput of this session (evaluations excluded)
+  double reduce_seconds = 0;         ///< of which in the gradient all-reduce (several ranks; rank 0's clock)
+  Index reduced_floats = 0;          ///< floats per all-reduce (the parameter count)
   double train_seconds = 0;          ///< training time, all sessions (RunState::elapsed)
   double wall_seconds = 0;           ///< this session, evaluations and checkpoints included
   std::vector<CurvePoint> curve;     ///< (tokens seen, valid ppl): periodic evaluations, then the final one

@@ -65,7 +65,7 @@ Ran shell(const TempDir& dir, const std::string& cmd) {
 std::string train_bin() { return std::string("'") + COUPLEDQK_TRAIN_BIN + "'"; }
 
 /// `np` ranks of coupledqk-train with `args` (np 0: no launcher at all).
-Ran train(const TempDir& dir, int np, const std::string& args) {
+Ran launch(const TempDir& dir, int np, const std::string& args) {
   if (np == 0) return shell(dir, train_bin() + " " + args);
   return shell(dir, std::string(COUPLEDQK_MPIEXEC) + " -np " + std::to_string(np) + " " + train_bin() + " " + args);
 }
@@ -137,10 +137,10 @@ TEST_CASE("mpirun -np 2 trains the model of one process: losses, perplexities, c
   TinyData& d = tiny_data();
   TempDir dir;
   const std::string c1 = dir / "one.safetensors", c2 = dir / "two.safetensors";
-  Ran r = train(dir, 0, flags(d) + " --checkpoint '" + c1 + "' --metrics '" + (dir / "one.jsonl") + "'");
+  Ran r = launch(dir, 0, flags(d) + " --checkpoint '" + c1 + "' --metrics '" + (dir / "one.jsonl") + "'");
   INFO(r.err);
   REQUIRE(r.status == 0);
-  r = train(dir, 2, flags(d) + " --checkpoint '" + c2 + "' --metrics '" + (dir / "two.jsonl") + "'");
+  r = launch(dir, 2, flags(d) + " --checkpoint '" + c2 + "' --metrics '" + (dir / "two.jsonl") + "'");
   INFO(r.err);
   REQUIRE(r.status == 0);
   CHECK(contains(r.out, "processes        2 (MPI"));
@@ -168,7 +168,7 @@ TEST_CASE("mpirun -np 2 trains the model of one process: losses, perplexities, c
 
   // The same N twice: bit for bit (the reduction order is fixed).
   const std::string c3 = dir / "two-again.safetensors";
-  r = train(dir, 2, flags(d) + " --checkpoint '" + c3 + "'");
+  r = launch(dir, 2, flags(d) + " --checkpoint '" + c3 + "'");
   REQUIRE(r.status == 0);
   CHECK(compare_checkpoints(c2, c3).worst == 0);
 }
@@ -179,13 +179,13 @@ TEST_CASE("checkpoints move between rank counts: 2 ranks -> 1 process and 1 proc
   TinyData& d = tiny_data();
   TempDir dir;
   const std::string full = dir / "full.safetensors", a = dir / "a.safetensors", b = dir / "b.safetensors";
-  REQUIRE(train(dir, 0, flags(d) + " --checkpoint '" + full + "'").status == 0);
+  REQUIRE(launch(dir, 0, flags(d) + " --checkpoint '" + full + "'").status == 0);
 
-  Ran r = train(dir, 2, flags(d) + " --checkpoint '" + a + "' --stop-after-steps 10");
+  Ran r = launch(dir, 2, flags(d) + " --checkpoint '" + a + "' --stop-after-steps 10");
   INFO(r.err);
   REQUIRE(r.status == 0);
   CHECK(checkpoint_ranks(a) == 2);
-  r = train(dir, 0, flags(d) + " --checkpoint '" + a + "' --resume");
+  r = launch(dir, 0, flags(d) + " --checkpoint '" + a + "' --resume");
   INFO(r.err);
   REQUIRE(r.status == 0);
   CHECK(contains(r.err, "written by 2 process(es), this session runs on 1"));
@@ -193,9 +193,9 @@ TEST_CASE("checkpoints move between rank counts: 2 ranks -> 1 process and 1 proc
   INFO("2 -> 1: ", c.worst, " in ", c.where);
   CHECK(c.worst <= tolerance);
 
-  r = train(dir, 0, flags(d) + " --checkpoint '" + b + "' --stop-after-steps 10");
+  r = launch(dir, 0, flags(d) + " --checkpoint '" + b + "' --stop-after-steps 10");
   REQUIRE(r.status == 0);
-  r = train(dir, 2, flags(d) + " --checkpoint '" + b + "' --resume");
+  r = launch(dir, 2, flags(d) + " --checkpoint '" + b + "' --resume");
   INFO(r.err);
   REQUIRE(r.status == 0);
   c = compare_checkpoints(full, b);
@@ -247,7 +247,7 @@ TEST_CASE("ranks with other flags, other data or an unreadable corpus stop befor
   CHECK(!fs::exists(ckpt));
 
   // A global batch that does not split over the ranks: refused before anything starts.
-  r = train(dir, 3, flags(d) + " --checkpoint '" + ckpt + "'");
+  r = launch(dir, 3, flags(d) + " --checkpoint '" + ckpt + "'");
   CHECK(r.status != 0);
   CHECK(contains(r.err, "--batch (B) 4 does not split evenly over the 3 processes of this run"));
   CHECK(!fs::exists(ckpt));
@@ -301,16 +301,20 @@ TEST_CASE("a rank killed with -9 mid-run ends the whole job within 60 s; the las
   // Wait for the first checkpoint, then kill rank 1.
   const auto start = clock::now();
   pid_t victim = 0;
-  while (seconds_since(start) < 120 && !(fs::exists(ckpt) && (victim = find_rank(launcher, 1)) != 0))
+  int status = 0;
+  pid_t done = 0;
+  while (seconds_since(start) < 120 && !(fs::exists(ckpt) && (victim = find_rank(launcher, 1)) != 0) &&
+         (done = waitpid(launcher, &status, WNOHANG)) == 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   INFO(read_file(dir / "err.txt"));
-  if (victim == 0) kill(-launcher, SIGKILL);
+  if (victim == 0 && done == 0) {
+    kill(-launcher, SIGKILL);
+    waitpid(launcher, &status, 0);
+  }
   REQUIRE(victim != 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // mid-run, past the first checkpoint
   const auto killed = clock::now();
   REQUIRE(kill(victim, SIGKILL) == 0);
-  int status = 0;
-  pid_t done = 0;
   while ((done = waitpid(launcher, &status, WNOHANG)) == 0 && seconds_since(killed) < 90)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const double took = seconds_since(killed);
@@ -329,7 +333,7 @@ TEST_CASE("a rank killed with -9 mid-run ends the whole job within 60 s; the las
   // The last checkpoint loads, and the run continues from it (on one process here).
   const int step = nlohmann::json::parse(*io::read(ckpt).find_meta("coupledqk"))["state"]["step"].get<int>();
   CHECK(step >= 5);
-  const Ran r = train(dir, 0, flags(d, 100000) + " --checkpoint '" + ckpt + "' --resume --stop-after-steps " +
+  const Ran r = launch(dir, 0, flags(d, 100000) + " --checkpoint '" + ckpt + "' --resume --stop-after-steps " +
                                   std::to_string(step + 3));
   INFO(r.err);
   CHECK(r.status == 0);
