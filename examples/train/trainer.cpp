@@ -25,6 +25,7 @@
 #include <unistd.h>
 #endif
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 
@@ -136,8 +137,16 @@ std::string flag_lines(TrainOptions o) {
           using T = std::remove_pointer_t<decltype(target)>;
           std::ostringstream os;
           if constexpr (std::is_same_v<T, double>) {
-            os.precision(17);
-            os << *target;
+            // The shortest text that reads back as the same double: "0.003", not "0.0030000000000000001".
+            for (int digits = 6; digits <= 17; ++digits) {
+              std::ostringstream t;
+              t.precision(digits);
+              t << *target;
+              if (std::strtod(t.str().c_str(), nullptr) == *target || digits == 17) {
+                os << t.str();
+                break;
+              }
+            }
           } else if constexpr (std::is_same_v<T, bool>) {
             os << (*target ? "true" : "false");
           } else {
