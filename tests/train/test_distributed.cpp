@@ -270,9 +270,12 @@ TEST_CASE("ranks with other flags, other data or an unreadable corpus stop befor
 
 namespace {
 
-/// The process whose parent is `parent` and whose environment says OMPI_COMM_WORLD_RANK=`rank`
-/// (Open MPI) or PMI_RANK=`rank` (MPICH); 0 when none is running yet.
-pid_t find_rank(pid_t parent, int rank) try {
+/// The process descending from `launcher` (Open MPI 4 starts the local ranks as its children, later
+/// launchers through a daemon) whose environment says OMPI_COMM_WORLD_RANK=`rank` (Open MPI) or
+/// PMI_RANK=`rank` (MPICH); 0 when none is running yet.
+pid_t find_rank(pid_t launcher, int rank) try {
+  std::map<long, long> parent;
+  std::vector<long> pids;
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -283,11 +286,16 @@ pid_t find_rank(pid_t parent, int rank) try {
     char state = 0;
     long ppid = 0;
     fields >> state >> ppid;
-    if (ppid != parent) continue;
-    const std::string env = read_file(e.path() / "environ");
-    const std::string want = "=" + std::to_string(rank) + std::string(1, '\0');
-    if (contains(env, "OMPI_COMM_WORLD_RANK" + want) || contains(env, "PMI_RANK" + want))
-      return static_cast<pid_t>(std::stol(name));
+    parent[std::stol(name)] = ppid;
+    pids.push_back(std::stol(name));
+  }
+  const std::string want = "=" + std::to_string(rank) + std::string(1, '\0');
+  for (long pid : pids) {
+    long p = pid;
+    for (int depth = 0; depth < 4 && p > 1 && p != launcher; ++depth) p = parent.count(p) ? parent[p] : 0;
+    if (p != launcher || pid == launcher) continue;
+    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+    if (contains(env, "OMPI_COMM_WORLD_RANK" + want) || contains(env, "PMI_RANK" + want)) return static_cast<pid_t>(pid);
   }
   return 0;
 } catch (const std::exception&) {  // a process ended while /proc was read: look again
