@@ -190,6 +190,7 @@ void Communicator::broadcast(std::string& bytes, int root) {
   bytes.resize(static_cast<std::size_t>(n));
   broadcast_bytes(bytes.data(), bytes.size(), root);
 #else
+  (void)bytes;
   (void)root;
 #endif
 }
@@ -202,6 +203,7 @@ void Communicator::broadcast(std::vector<unsigned char>& bytes, int root) {
   bytes.resize(static_cast<std::size_t>(n));
   broadcast_bytes(bytes.data(), bytes.size(), root);
 #else
+  (void)bytes;
   (void)root;
 #endif
 }
@@ -237,6 +239,8 @@ std::vector<std::string> Communicator::all_gather(const std::string& text) {
   for (int r = 0; r < size_; ++r)
     out[static_cast<std::size_t>(r)] = all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
                                                   static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]));
+#else
+  (void)text;
 #endif
   return out;
 }
