@@ -140,6 +140,7 @@ std::string to_json(const CheckpointInfo& info) {
                    {"budget_tokens", info.budget_tokens},
                    {"budget_seconds", info.budget_seconds},
                    {"threads", info.threads},
+                   {"ranks", info.ranks},
                    {"device", info.device},
                    {"precision", info.precision}};
   json rng = json::array();
@@ -217,6 +218,11 @@ CheckpointInfo checkpoint_info_from_json(const std::string& text, const std::str
   // Written since --device: optional, so that earlier checkpoints (CPU, float32) still read.
   if (t.contains("device")) info.device = get<std::string>(t, "device", "training.", source);
   if (t.contains("precision")) info.precision = get<std::string>(t, "precision", "training.", source);
+  // Written since distributed training (docs/distributed.md): optional, earlier checkpoints had one process.
+  if (t.contains("ranks")) info.ranks = get<int>(t, "ranks", "training.", source);
+  if (info.ranks < 1)
+    throw io_error(where(source) + "field 'training.ranks' holds " + std::to_string(info.ranks) +
+                   "; expected a process count of at least 1");
   const json& s = field(j, "state", "", source);
   info.state.step = get<Index>(s, "step", "state.", source);
   info.state.tokens_seen = get<Index>(s, "tokens_seen", "state.", source);

@@ -82,6 +82,7 @@ struct CheckpointInfo {
   RunFingerprint run;
   RunState state;
   int threads = 0;             ///< thread count of the session that wrote it (bit-identity needs the same)
+  int ranks = 1;               ///< processes of the session that wrote it (bit-identity needs the same; any resumes)
   Index budget_tokens = 0;     ///< the budget the run was started with (one of the two is > 0)
   double budget_seconds = 0;
   std::string device = "cpu";     ///< where the session that wrote it trained (informative: any device resumes)

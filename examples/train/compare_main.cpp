@@ -1,7 +1,8 @@
 // coupledqk-compare: trains several attention variants on the same data, token budget and seeds,
 // one after another in this process, and reports their perplexities side by side (a table on
 // stdout and in <out>/compare.md, the validation curves as TSV and as a PNG drawn by gnuplot).
-// docs/training.md gives the defaults and what they cost.
+// docs/training.md gives the defaults and what they cost. Under mpirun every run is data-parallel
+// over the processes (docs/distributed.md); rank 0 alone prints and writes the files.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -21,6 +23,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "distributed.hpp"
 #include "trainer.hpp"
 
 namespace ct = coupledqk::train;
@@ -184,27 +187,44 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  ct::Communicator* comm = nullptr;
   try {
     const auto wall_start = std::chrono::steady_clock::now();
-    const ct::ProgressMode mode = ct::parse_progress_mode(progress);
-    const std::vector<Variant> variants = parse_variants(variants_flag);
-    if (seeds < 1) throw coupledqk::invalid_argument("--seeds must be >= 1; got " + std::to_string(seeds));
-    ct::validate_explicit(o, [&](const std::string& flag) { return app.count(flag) > 0; });
-    // Every variant's options are checked before anything runs.
-    for (const Variant& v : variants) {
-      ct::TrainOptions vo = o;
-      vo.attention = v.attention;
-      vo.steps = v.steps;
-      ct::preflight(vo);
-    }
+    comm = &ct::world();  // under mpirun: MPI_Init, this process's rank (docs/distributed.md)
+    const ct::ProgressMode mode = comm->root() ? ct::parse_progress_mode(progress) : ct::ProgressMode::off;
+    std::FILE* const shown = comm->root() ? stderr : nullptr;  // rank 0 alone prints
+    std::vector<Variant> variants;
+    ct::together(*comm, [&] {
+      variants = parse_variants(variants_flag);
+      if (seeds < 1) throw coupledqk::invalid_argument("--seeds must be >= 1; got " + std::to_string(seeds));
+      ct::validate_explicit(o, [&](const std::string& flag) { return app.count(flag) > 0; });
+      // Every variant's options are checked before anything runs.
+      for (const Variant& v : variants) {
+        ct::TrainOptions vo = o;
+        vo.attention = v.attention;
+        vo.steps = v.steps;
+        ct::preflight(vo);
+      }
+    });
     o.threads = ct::set_threads(o.threads);  // decided once, for every run
     ct::install_interrupt_handler();
-    std::error_code ec;
-    fs::create_directories(fs::path(out_dir) / "metrics", ec);
-    if (ec) throw coupledqk::io_error("cannot create the output folder '" + out_dir + "': " + ec.message());
+    ct::together(*comm, [&] {
+      if (!comm->root()) return;
+      std::error_code ec;
+      fs::create_directories(fs::path(out_dir) / "metrics", ec);
+      if (ec) throw coupledqk::io_error("cannot create the output folder '" + out_dir + "': " + ec.message());
+    });
 
-    ct::Progress main_progress(mode);
-    const ct::TrainData data = ct::prepare_data(o, &main_progress);
+    ct::Progress main_progress(mode, "", shown);
+    // The first rank of each machine prepares the data (its cache), then the others read it.
+    std::optional<ct::TrainData> prepared;
+    ct::together(*comm, [&] {
+      if (comm->local_rank() == 0) prepared.emplace(ct::prepare_data(o, &main_progress));
+    });
+    ct::together(*comm, [&] {
+      if (comm->local_rank() != 0) prepared.emplace(ct::prepare_data(o, &main_progress));
+    });
+    const ct::TrainData& data = *prepared;
     const double unigram = unigram_ppl(data.streams, o.vocab);
     const int threads = o.threads;
 
@@ -219,16 +239,22 @@ int main(int argc, char** argv) {
         ro.metrics = (fs::path(out_dir) / "metrics" /
                       (file_safe(row.variant.label) + "-seed" + std::to_string(ro.seed) + ".jsonl"))
                          .string();
-        ct::Progress p(mode, row.variant.label + " seed " + std::to_string(ro.seed));
+        ct::Progress p(mode, row.variant.label + " seed " + std::to_string(ro.seed), shown);
         row.runs.push_back(ct::train(ro, data, p));
         const ct::TrainResult& r = row.runs.back();
         if (r.interrupted) {
-          std::cerr << "coupledqk-compare: interrupted; no table" << std::endl;
+          if (comm->root()) std::cerr << "coupledqk-compare: interrupted; no table" << std::endl;
+          comm->finalize();
           return 130;
         }
         p.message("valid ppl " + fmt("%.3f", r.valid_ppl) + ", test ppl " + fmt("%.3f", r.test_ppl) + ", " +
                   fmt("%.0f", r.tokens_per_s) + " tokens/s, " + fmt("%.1f", r.wall_seconds) + " s");
       }
+
+    if (!comm->root()) {  // rank 0 writes the table and the files
+      comm->finalize();
+      return 0;
+    }
 
     // ---- the table
     const Row* ref = &rows.front();
@@ -370,8 +396,11 @@ int main(int argc, char** argv) {
     std::time_t now = std::time(nullptr);
     char date[64];
     std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
-    const std::string machine = cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) +
-                                " cores, " + std::to_string(threads) + " thread(s)";
+    const std::string machine =
+        cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores, " +
+        std::to_string(threads) + " thread(s)" +
+        (comm->size() > 1 ? " per process, " + std::to_string(comm->size()) + " processes (" + comm->description() + ")"
+                          : std::string());
 
     std::cout << "\n" << setup.str() << "\n"
               << "unigram baseline (training counts): valid ppl " << fmt("%.1f", unigram) << "\n\n"
@@ -402,8 +431,21 @@ int main(int argc, char** argv) {
     report << "Files: `curves.tsv` (every evaluation of every run), `curves_mean.tsv` (mean over seeds), "
            << "`plot.gp`, `metrics/*.jsonl` (per step).\n";
     if (!report) throw coupledqk::io_error("cannot write '" + (out / "compare.md").string() + "'");
+    comm->finalize();
     return 0;
+  } catch (const ct::collective_error& e) {
+    // Every rank failed together: rank 0 says why, all exit.
+    if (!comm || comm->root()) {
+      std::fflush(stdout);
+      std::cerr << "coupledqk-compare: error: " << e.what() << std::endl;
+    }
+    if (comm) comm->finalize();
+    return 1;
   } catch (const std::exception& e) {
+    // One rank alone: the others may wait for it in a collective, so the whole job ends here.
+    if (comm && comm->size() > 1)
+      comm->abort("coupledqk-compare: error on rank " + std::to_string(comm->rank()) + " of " +
+                  std::to_string(comm->size()) + ": " + e.what() + " (ending every rank)");
     std::fflush(stdout);
     std::cerr << "coupledqk-compare: error: " << e.what() << std::endl;
     return 1;

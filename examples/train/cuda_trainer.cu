@@ -3,11 +3,16 @@
 // (44 variants x 2 precisions, through cuda::make_gpt).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <sstream>
 #include <string>
 
 #include <coupledqk/cuda/gpt.cuh>
+
+#ifdef COUPLEDQK_WITH_NCCL
+#include <nccl.h>
+#endif
 
 #include "device.hpp"
 
@@ -34,9 +39,21 @@ std::string device_name(int device) {
   return os.str();
 }
 
+#ifdef COUPLEDQK_WITH_NCCL
+void nccl_check(ncclResult_t r, const char* call) {
+  if (r != ncclSuccess)
+    throw cu::cuda_error(std::string(call) + " failed: " + ncclGetErrorString(r) + " (NCCL_DEBUG=WARN tells more)");
+}
+#endif
+
 class CudaTrainer final : public DeviceTrainer {
  public:
   CudaTrainer(const GptConfig& config, cu::Precision precision) : model_(cu::make_gpt(config, precision)) {}
+  ~CudaTrainer() override {
+#ifdef COUPLEDQK_WITH_NCCL
+    if (nccl_) ncclCommDestroy(nccl_);
+#endif
+  }
 
   std::string description() const override {
     int device = 0;
@@ -74,9 +91,75 @@ class CudaTrainer final : public DeviceTrainer {
     return model_->evaluate(tokens, targets, batch);
   }
 
+  Index gradient_count() const override { return model_->parameter_count(); }
+
+  void gradients_to_host(float* out) override {
+    COUPLEDQK_CUDA_CHECK(cudaMemcpyAsync(out, model_->gradients(), bytes(), cudaMemcpyDeviceToHost, model_->stream()));
+    COUPLEDQK_CUDA_CHECK(cudaStreamSynchronize(model_->stream()));
+  }
+
+  void gradients_from_host(const float* in) override {
+    COUPLEDQK_CUDA_CHECK(cudaMemcpyAsync(model_->gradients(), in, bytes(), cudaMemcpyHostToDevice, model_->stream()));
+    COUPLEDQK_CUDA_CHECK(cudaStreamSynchronize(model_->stream()));
+  }
+
+  std::string collectives() const override {
+#ifdef COUPLEDQK_WITH_NCCL
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess) return "NCCL";
+    // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+    return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+#else
+    return "";
+#endif
+  }
+
+  std::string new_collectives_id() override {
+#ifdef COUPLEDQK_WITH_NCCL
+    ncclUniqueId id;
+    nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    return std::string(id.internal, sizeof id.internal);
+#else
+    throw std::logic_error("cuda trainer: this build has no NCCL");
+#endif
+  }
+
+  void join_collectives(const std::string& id, int rank, int size) override {
+#ifdef COUPLEDQK_WITH_NCCL
+    ncclUniqueId u;
+    require(id.size() == sizeof u.internal, "cuda trainer: an NCCL id of ", id.size(), " bytes; expected ",
+            sizeof u.internal);
+    std::copy(id.begin(), id.end(), u.internal);
+    nccl_check(ncclCommInitRank(&nccl_, size, u, rank), "ncclCommInitRank");
+#else
+    (void)id;
+    (void)rank;
+    (void)size;
+    throw std::logic_error("cuda trainer: this build has no NCCL");
+#endif
+  }
+
+  void average_gradients() override {
+#ifdef COUPLEDQK_WITH_NCCL
+    require(nccl_ != nullptr, "cuda trainer: average_gradients before join_collectives");
+    // ncclAvg: the sum (NCCL's fixed ring/tree order for this rank count and topology) over size.
+    nccl_check(ncclAllReduce(model_->gradients(), model_->gradients(), static_cast<std::size_t>(gradient_count()),
+                             ncclFloat32, ncclAvg, nccl_, model_->stream()),
+               "ncclAllReduce");
+    COUPLEDQK_CUDA_CHECK(cudaStreamSynchronize(model_->stream()));
+#else
+    throw std::logic_error("cuda trainer: this build has no NCCL");
+#endif
+  }
+
  private:
+  std::size_t bytes() const { return static_cast<std::size_t>(model_->parameter_count()) * sizeof(float); }
+
   std::unique_ptr<cu::AnyGpt> model_;
   std::unique_ptr<cu::AdamW> optimizer_;
+#ifdef COUPLEDQK_WITH_NCCL
+  ncclComm_t nccl_ = nullptr;
+#endif
 };
 
 }  // namespace
@@ -99,6 +182,27 @@ std::string cuda_unavailable_reason() {
     return os.str();
   }
   return "";
+}
+
+int select_cuda_device(int local_rank, int local_size) {
+#ifdef COUPLEDQK_WITH_NCCL
+  const bool exclusive = true;
+#else
+  const bool exclusive = false;
+#endif
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+    (void)cudaGetLastError();
+    return 0;  // make_cuda_trainer says why no device is usable
+  }
+  if (exclusive && local_size > count)
+    throw invalid_argument("--device cuda: " + std::to_string(local_size) + " ranks on this machine but " +
+                           std::to_string(count) + " CUDA device(s); NCCL needs one GPU per rank (start at most " +
+                           std::to_string(count) + " ranks per machine, e.g. mpirun --map-by ppr:" +
+                           std::to_string(count) + ":node)");
+  const int device = local_rank % count;
+  COUPLEDQK_CUDA_CHECK(cudaSetDevice(device));
+  return device;
 }
 
 std::unique_ptr<DeviceTrainer> make_cuda_trainer(const GptConfig& config, const std::string& precision) {

@@ -39,13 +39,35 @@ class DeviceTrainer {
   virtual StepReport optimizer_step() = 0;
   /// Mean loss of a batch without gradients.
   virtual float evaluate(TokenSpan tokens, TokenSpan targets, Index batch) = 0;
+
+  // ---- data-parallel training (docs/distributed.md): the gradients of the last step_loss, as ONE
+  // flat buffer of gradient_count() floats in the order of the host model's gradients() views.
+  virtual Index gradient_count() const = 0;
+  /// Device -> host and host -> device copies of that buffer (reduction through MPI).
+  virtual void gradients_to_host(float* out) = 0;
+  virtual void gradients_from_host(const float* in) = 0;
+  /// "NCCL 2.27.3" where this build reduces between GPUs directly, "" otherwise.
+  virtual std::string collectives() const = 0;
+  /// Rank 0: a new NCCL unique id (bytes to send to the other ranks).
+  virtual std::string new_collectives_id() = 0;
+  /// Every rank, with rank 0's id: joins the NCCL communicator of `size` ranks.
+  virtual void join_collectives(const std::string& id, int rank, int size) = 0;
+  /// The mean of the gradient buffers of every rank, in place on every device (NCCL all-reduce;
+  /// deterministic for a fixed rank count and topology). join_collectives first.
+  virtual void average_gradients() = 0;
 };
+
+/// Makes the GPU of this process the node-local rank's one (cudaSetDevice(local_rank mod the device
+/// count)) and returns its index. A build with NCCL refuses more ranks on a machine than GPUs
+/// (NCCL needs one GPU per rank), naming both counts; without NCCL the ranks share them.
+int select_cuda_device(int local_rank, int local_size);
 
 /// "" when a CUDA device is usable by this build, else why not (no driver, no device, no kernel
 /// image for the GPU's architecture, ...).
 std::string cuda_unavailable_reason();
 
-/// A trainer for `config` (any registry variant) on CUDA device 0 with activations stored in
+/// A trainer for `config` (any registry variant) on the current CUDA device (0 unless
+/// select_cuda_device chose another) with activations stored in
 /// `precision` ("f32" or "bf16"). Throws coupledqk::cuda::cuda_error (a std::runtime_error) when
 /// no device is usable, invalid_argument for a bad configuration or precision.
 std::unique_ptr<DeviceTrainer> make_cuda_trainer(const GptConfig& config, const std::string& precision);

@@ -80,6 +80,7 @@ ProgressMode parse_progress_mode(const std::string& name) {
 
 Progress::Progress(ProgressMode mode, std::string label, std::FILE* out)
     : mode_(mode), label_(std::move(label)), out_(out) {
+  if (!out_) mode_ = ProgressMode::off;  // silent: the ranks other than 0 of a distributed run
   if (mode_ == ProgressMode::automatic) mode_ = is_terminal(out_) ? ProgressMode::bar : ProgressMode::lines;
   if (!label_.empty()) label_ += ": ";
 }
@@ -97,6 +98,7 @@ void Progress::end_line() {
 void Progress::finish() { end_line(); }
 
 void Progress::message(const std::string& text) {
+  if (!out_) return;
   end_line();
   std::fprintf(out_, "%s%s\n", label_.c_str(), text.c_str());
   std::fflush(out_);

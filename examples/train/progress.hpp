@@ -45,7 +45,8 @@ struct EvalMetrics {
   double elapsed = 0;
 };
 
-/// Human-readable progress on stderr. `label` (e.g. "leapfrog seed 2") prefixes every line.
+/// Human-readable progress on stderr. `label` (e.g. "leapfrog seed 2") prefixes every line. A null
+/// `out` shows nothing, messages included (the ranks other than 0 of a distributed run).
 class Progress {
  public:
   explicit Progress(ProgressMode mode = ProgressMode::automatic, std::string label = "",

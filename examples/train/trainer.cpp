@@ -1,6 +1,7 @@
 #include "trainer.hpp"
 
 #include "device.hpp"
+#include "distributed.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +25,7 @@
 #include <unistd.h>
 #endif
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 
@@ -83,17 +85,124 @@ std::string join_lines(const std::vector<std::string>& lines) {
   return out;
 }
 
-/// B random windows of T+1 tokens: tokens = window[0, T), targets = window[1, T].
+/// B random windows of T+1 tokens: tokens = window[0, T), targets = window[1, T]. Rows [first,
+/// first + count) of them are kept (a rank's share; all B by default); the generator advances by
+/// all B draws, so every rank's sampler stays the one of a single process.
 void sample_batch(const std::vector<std::int32_t>& stream, Index batch, Index seq, Rng& rng,
-                  std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) {
+                  std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets, Index first = 0,
+                  Index count = -1) {
+  if (count < 0) count = batch;
   const auto starts = static_cast<std::uint64_t>(static_cast<Index>(stream.size()) - seq);  // >= 1
-  tokens.resize(static_cast<std::size_t>(batch * seq));
+  tokens.resize(static_cast<std::size_t>(count * seq));
   targets.resize(tokens.size());
   for (Index b = 0; b < batch; ++b) {
     const auto s = static_cast<std::ptrdiff_t>(rng.next_u64() % starts);
-    std::copy(stream.begin() + s, stream.begin() + s + seq, tokens.begin() + b * seq);
-    std::copy(stream.begin() + s + 1, stream.begin() + s + 1 + seq, targets.begin() + b * seq);
+    if (b < first || b >= first + count) continue;
+    std::copy(stream.begin() + s, stream.begin() + s + seq, tokens.begin() + (b - first) * seq);
+    std::copy(stream.begin() + s + 1, stream.begin() + s + 1 + seq, targets.begin() + (b - first) * seq);
   }
+}
+
+/// The tensors' values in one flat buffer (and back): the messages of the collectives.
+std::size_t total_size(const std::vector<TensorView<float>>& views) {
+  std::size_t n = 0;
+  for (const auto& v : views) n += static_cast<std::size_t>(v.size());
+  return n;
+}
+void pack(const std::vector<TensorView<float>>& views, std::vector<float>& flat) {
+  flat.resize(total_size(views));
+  std::size_t at = 0;
+  for (const auto& v : views) {
+    std::copy(v.data, v.data + v.size(), flat.begin() + static_cast<std::ptrdiff_t>(at));
+    at += static_cast<std::size_t>(v.size());
+  }
+}
+void unpack(const std::vector<float>& flat, const std::vector<TensorView<float>>& views) {
+  std::size_t at = 0;
+  for (const auto& v : views) {
+    std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + v.size()),
+              v.data);
+    at += static_cast<std::size_t>(v.size());
+  }
+}
+
+/// The flags that must agree between the ranks, one "--name value" line each: every flag of a run
+/// but --cache (a machine's own folder) and --threads (a machine's own cores).
+std::string flag_lines(TrainOptions o) {
+  std::string out;
+  for (const FlagSpec& f : train_flags(o, true)) {
+    if (f.name == "--cache" || f.name == "--threads") continue;
+    std::visit(
+        [&](auto* target) {
+          using T = std::remove_pointer_t<decltype(target)>;
+          std::ostringstream os;
+          if constexpr (std::is_same_v<T, double>) {
+            // The shortest text that reads back as the same double: "0.003", not "0.0030000000000000001".
+            for (int digits = 6; digits <= 17; ++digits) {
+              std::ostringstream t;
+              t.precision(digits);
+              t << *target;
+              if (std::strtod(t.str().c_str(), nullptr) == *target || digits == 17) {
+                os << t.str();
+                break;
+              }
+            }
+          } else if constexpr (std::is_same_v<T, bool>) {
+            os << (*target ? "true" : "false");
+          } else {
+            os << *target;
+          }
+          out += f.name + " " + os.str() + "\n";
+        },
+        f.target);
+  }
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+/// A description of the prepared data that differs when any token, split or the tokenizer does.
+std::string data_fingerprint(const TrainData& data) {
+  std::uint64_t h = fnv1a(data.tokenizer_bytes.data(), data.tokenizer_bytes.size());
+  for (const auto* s : {&data.streams.train, &data.streams.valid, &data.streams.test}) {
+    const std::uint64_t n = s->size();
+    h = fnv1a(&n, sizeof n, h);
+    h = fnv1a(s->data(), s->size() * sizeof(std::int32_t), h);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return "train/valid/test " + std::to_string(data.streams.train.size()) + "/" +
+         std::to_string(data.streams.valid.size()) + "/" + std::to_string(data.streams.test.size()) +
+         " tokens, vocabulary " + std::to_string(data.tokenizer.vocab_size()) + ", fingerprint " + hex;
+}
+
+/// Collective, before anything is trained: every rank has rank 0's flags and data, else every rank
+/// throws collective_error naming the ranks and the differences (docs/distributed.md).
+void check_ranks_agree(const TrainOptions& o, const TrainData& data, Communicator& comm) {
+  if (comm.size() == 1) return;
+  std::string flags = flag_lines(o), root_flags = flags;
+  comm.broadcast(root_flags);
+  std::string error;
+  if (flags != root_flags) {
+    const auto mine = split_lines(flags), theirs = split_lines(root_flags);
+    std::string diffs;
+    for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+      const std::string a = i < mine.size() ? mine[i] : "(none)", b = i < theirs.size() ? theirs[i] : "(none)";
+      if (a != b) diffs += (diffs.empty() ? "" : "; ") + a + " here vs " + b + " on rank 0";
+    }
+    error = "started with other flags than rank 0 (every rank must get the same flags): " + diffs;
+  }
+  std::string fp = data_fingerprint(data), root_fp = fp;
+  comm.broadcast(root_fp);
+  if (fp != root_fp)
+    error += (error.empty() ? "" : "; and ") + std::string("read other data than rank 0 (corpus '") + o.corpus +
+             "': " + fp + " here vs " + root_fp + " on rank 0; every rank must read the same corpus and tokenizer)";
+  comm.agree(error);
 }
 
 std::string read_file_bytes(const std::string& path) {
@@ -135,6 +244,7 @@ void require_writable_folder(const char* flag, const std::string& checkpoint, co
 /// --device cuda needs a build with CUDA support and a usable device; throws saying which is missing.
 void require_cuda_device() {
 #ifdef COUPLEDQK_WITH_CUDA
+  select_cuda_device(world().local_rank(), world().local_size());  // one GPU per rank of this machine
   const std::string why = cuda_unavailable_reason();
   if (!why.empty()) throw std::runtime_error("--device cuda: no CUDA device is usable (" + why + ")");
 #else
@@ -255,6 +365,12 @@ void validate(const TrainOptions& o) {
   check(o.hidden >= 0, "--m (dynamics hidden width) must be >= 0 (0: D/H); got " + s(o.hidden));
   check(o.seq > 0, "--seq (T) must be positive; got " + s(o.seq));
   check(o.batch > 0, "--batch (B) must be positive; got " + s(o.batch));
+  const int ranks = world().size();
+  check(o.batch <= 0 || o.batch % ranks == 0,
+        "--batch (B) " + s(o.batch) + " does not split evenly over the " + s(ranks) +
+            " processes of this run: the global batch must be a multiple of the process count (e.g. --batch " +
+            (o.batch >= ranks ? s(o.batch / ranks * ranks) + " or " : std::string()) +
+            s((o.batch / ranks + 1) * ranks) + ")");
   check(o.budget_tokens >= 0, "--tokens must be positive; got " + s(o.budget_tokens));
   check(std::isfinite(o.budget_seconds) && o.budget_seconds >= 0,
         "--seconds must be positive; got " + s(o.budget_seconds));
@@ -338,6 +454,7 @@ void preflight(const TrainOptions& o) {
   validate(o);
   make_gpt<float>(model_config(o), o.seed);  // unknown variant, step count, sizes the layer rejects
   if (o.device == "cuda") require_cuda_device();
+  if (!world().root()) return;  // rank 0 alone reads the checkpoint and writes files (docs/distributed.md)
   if (!o.metrics.empty()) {
     const fs::path p(o.metrics);
     const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
@@ -413,7 +530,7 @@ int idle_cores() {
 
 int set_threads(int threads) {
 #ifdef _OPENMP
-  if (threads <= 0) threads = idle_cores();
+  if (threads <= 0) threads = std::max(1, idle_cores() / world().local_size());
   omp_set_num_threads(threads);
   Eigen::setNbThreads(threads);
   return threads;
@@ -455,16 +572,28 @@ Perplexity evaluate_stream(const Model& model, Tape<float>& tape, const std::vec
 
 Perplexity evaluate_stream(const BatchLoss& loss, const std::vector<std::int32_t>& stream, Index seq, Index batch,
                            Index max_tokens) {
+  const PartialLoss part = evaluate_part(loss, stream, seq, batch, max_tokens, 0, 1);
+  Perplexity p;
+  p.tokens = part.all_tokens;
+  p.loss = part.total / static_cast<double>(p.tokens);
+  p.ppl = std::exp(p.loss);
+  return p;
+}
+
+PartialLoss evaluate_part(const BatchLoss& loss, const std::vector<std::int32_t>& stream, Index seq, Index batch,
+                          Index max_tokens, int part, int parts) {
   const Index N = static_cast<Index>(stream.size());
   require(N >= 2, "evaluate: the stream holds ", N, " token(s); at least 2 are needed (one to predict)");
   require(seq > 0 && batch > 0, "evaluate: seq and batch must be positive; got ", seq, ", ", batch);
+  require(parts > 0 && part >= 0 && part < parts, "evaluate: part ", part, " of ", parts, " does not exist");
   const Index W = std::min(seq, N - 1);
   Index count = (N - 1) / W;
   if (max_tokens > 0) count = std::min(count, std::max<Index>(1, max_tokens / W));
+  const Index first = count * part / parts, end = count * (part + 1) / parts;
   std::vector<std::int32_t> tokens, targets;
   double total = 0;
-  for (Index i = 0; i < count; i += batch) {
-    const Index nb = std::min(batch, count - i);
+  for (Index i = first; i < end; i += batch) {
+    const Index nb = std::min(batch, end - i);
     tokens.resize(static_cast<std::size_t>(nb * W));
     targets.resize(tokens.size());
     for (Index b = 0; b < nb; ++b) {
@@ -474,11 +603,7 @@ Perplexity evaluate_stream(const BatchLoss& loss, const std::vector<std::int32_t
     }
     total += static_cast<double>(loss(tokens, targets, nb)) * static_cast<double>(nb * W);
   }
-  Perplexity p;
-  p.tokens = count * W;
-  p.loss = total / static_cast<double>(p.tokens);
-  p.ppl = std::exp(p.loss);
-  return p;
+  return PartialLoss{total, (end - first) * W, count * W};
 }
 
 // ---- interruption ----------------------------------------------------------------------------------
@@ -500,14 +625,41 @@ bool interrupted() { return g_signal != 0; }
 
 // ---- training --------------------------------------------------------------------------------------
 
-TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progress) {
+TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown) {
   const double session_start = now_seconds();
-  preflight(o);
+  Communicator& comm = world();
+  const int ranks = comm.size();
+  together(comm, [&] { preflight(o); });
+  check_ranks_agree(o, data, comm);  // the same flags and data on every rank, or a clear error on all
+  // Rank 0 alone prints (and writes: see save() and the metrics below).
+  Progress silent(ProgressMode::off, "", nullptr);
+  Progress& progress = comm.root() ? shown : silent;
   TrainResult r;
+  r.ranks = ranks;
+  r.distributed = comm.description();
+
+  // Resume: the checkpoint (preflight checked it is readable and that its model matches), read by
+  // rank 0 and sent to the others, so that the ranks need no shared file system.
+  std::unique_ptr<Checkpoint> ckpt;
+  if (o.resume && ranks == 1) {
+    ckpt = std::make_unique<Checkpoint>(read_checkpoint(o.checkpoint));
+  } else if (o.resume) {
+    std::vector<unsigned char> bytes;
+    together(comm, [&] {
+      if (!comm.root()) return;
+      const std::string b = read_file_bytes(o.checkpoint);
+      bytes.assign(b.begin(), b.end());
+    });
+    comm.broadcast(bytes);
+    together(comm, [&] { ckpt = std::make_unique<Checkpoint>(checkpoint_from_file(io::parse(bytes, o.checkpoint))); });
+  }
   // Automatic thread count on resume: the checkpoint's, so that the continuation is exact.
-  if (o.threads == 0 && o.resume) r.threads = set_threads(read_checkpoint(o.checkpoint).info.threads);
+  if (o.threads == 0 && ckpt && ckpt->info.ranks == ranks) r.threads = set_threads(ckpt->info.threads);
   else r.threads = set_threads(o.threads);
   const Index B = o.batch, T = o.seq;
+  // This rank's rows of every global batch of B: [rank * Bl, (rank + 1) * Bl) (validate() checked
+  // that B splits evenly).
+  const Index Bl = B / ranks, first_row = comm.rank() * Bl;
 
   // The data must fit the options.
   require(data.tokenizer.vocab_size() == o.vocab, "the tokenizer has ", data.tokenizer.vocab_size(),
@@ -519,6 +671,15 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
           data.streams.valid.size(), " and ", data.streams.test.size(), " tokens; each needs at least 2");
 
   auto model = make_gpt<float>(model_config(o), o.seed);
+  std::vector<float> flat;  // messages of the collectives: parameters at the start, then gradients
+  if (ranks > 1 && !o.resume) {
+    // Rank 0 initialises; the others take its parameters (the same seed gives the same ones, but a
+    // rank with other threads or another build must not start elsewhere).
+    const auto params = model->parameters();
+    pack(params, flat);
+    comm.broadcast(flat.data(), flat.size() * sizeof(float));
+    unpack(flat, params);
+  }
   r.config = model->config();
   r.params = model->parameter_report();
   r.device = o.device;
@@ -526,24 +687,81 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   r.device_name = "cpu";
   // --device cuda: the model (and, below, the optimiser) on the GPU; the host model and optimiser
   // stay the checkpoint format (initialised and restored here, refreshed from the device to save).
-  std::unique_ptr<DeviceTrainer> dev = make_device_trainer(o, *model);
+  std::unique_ptr<DeviceTrainer> dev;
+  together(comm, [&] { dev = make_device_trainer(o, *model); });
+  // --device cuda on several ranks: NCCL between the GPUs where this build has it (rank 0's
+  // unique id sent through MPI), else through MPI from host memory.
+  bool nccl = false;
+  if (dev && ranks > 1 && !dev->collectives().empty()) {
+    std::string id = comm.root() ? dev->new_collectives_id() : std::string();
+    comm.broadcast(id);
+    dev->join_collectives(id, comm.rank(), ranks);
+    nccl = true;
+  }
+  if (ranks > 1)
+    r.distributed += dev ? (nccl ? ", gradients all-reduced by " + dev->collectives() + " between the GPUs"
+                                 : std::string(", gradients all-reduced through MPI from host memory"))
+                         : std::string();
   if (dev) {
     r.device_name = dev->description();
     progress.message("device: " + r.device_name);
   }
+  if (ranks > 1)
+    progress.message("distributed: " + r.distributed + "; global batch " + std::to_string(B) + " = " +
+                     std::to_string(ranks) + " x " + std::to_string(Bl) + " sequences, " +
+                     std::to_string(r.threads) + " thread(s) per rank");
 
-  // Resume: read the checkpoint (preflight checked it is readable and that its model matches).
-  std::unique_ptr<Checkpoint> ckpt;
-  if (o.resume) ckpt = std::make_unique<Checkpoint>(read_checkpoint(o.checkpoint));
   Tape<float> tape;
-  // One training step's forward + backward (gradients zeroed first), and one batch's evaluation.
+  // One training step's forward + backward of this rank's rows (gradients zeroed first), and one
+  // batch's evaluation.
   auto step_loss = [&](const std::vector<std::int32_t>& tk, const std::vector<std::int32_t>& tg) -> float {
-    if (dev) return dev->step_loss(tk, tg, B);
+    if (dev) return dev->step_loss(tk, tg, Bl);
     model->zero_grad();
-    return model->loss(tape, tk, tg, B);
+    return model->loss(tape, tk, tg, Bl);
   };
   const BatchLoss eval_loss = [&](TokenSpan tk, TokenSpan tg, Index nb) -> float {
     return dev ? dev->evaluate(tk, tg, nb) : model->evaluate(tape, tk, tg, nb);
+  };
+  // The gradients (and the loss) of the step: the mean over the ranks, the same bits on every rank,
+  // before clipping and AdamW; and whether any rank was interrupted (all stop at the same step).
+  // One process: untouched.
+  struct Reduced {
+    float loss;
+    bool interrupted;
+  };
+  double reduce_time = 0;
+  auto all_reduce = [&](float loss) -> Reduced {
+    if (ranks == 1) return {loss, interrupted()};
+    const double t0 = now_seconds();
+    if (nccl) {
+      dev->average_gradients();
+    } else if (dev) {
+      flat.resize(static_cast<std::size_t>(dev->gradient_count()));
+      dev->gradients_to_host(flat.data());
+      comm.sum(flat.data(), flat.size(), 1.0 / ranks);
+      dev->gradients_from_host(flat.data());
+    } else {
+      const auto grads = model->gradients();
+      pack(grads, flat);
+      comm.sum(flat.data(), flat.size(), 1.0 / ranks);
+      unpack(flat, grads);
+    }
+    double small[2] = {static_cast<double>(loss), interrupted() ? 1.0 : 0.0};
+    comm.sum(small, 2);
+    reduce_time += now_seconds() - t0;
+    return {static_cast<float>(small[0] / ranks), small[1] > 0};
+  };
+  // An evaluation split over the ranks (each its share of the windows, Bl at a time), summed.
+  auto evaluate = [&](const std::vector<std::int32_t>& stream, Index max_tokens) -> Perplexity {
+    if (ranks == 1) return evaluate_stream(eval_loss, stream, T, B, max_tokens);
+    const PartialLoss part = evaluate_part(eval_loss, stream, T, Bl, max_tokens, comm.rank(), ranks);
+    double total = part.total;
+    comm.sum(&total, 1);
+    Perplexity p;
+    p.tokens = part.all_tokens;
+    p.loss = total / static_cast<double>(p.tokens);
+    p.ppl = std::exp(p.loss);
+    return p;
   };
 
   // The length of the run.
@@ -558,12 +776,15 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     std::vector<std::int32_t> tk, tg;
     double step_time = 0;
     for (int i = 0; i < 3; ++i) {
-      sample_batch(data.streams.train, B, T, probe, tk, tg);
+      sample_batch(data.streams.train, B, T, probe, tk, tg, first_row, Bl);
       const double t0 = now_seconds();
-      step_loss(tk, tg);
+      all_reduce(step_loss(tk, tg));
       if (i > 0) step_time += (now_seconds() - t0) / 2;
     }
     model->zero_grad();
+    reduce_time = 0;
+    // Rank 0's estimate stands on every rank: all ranks must run the same steps.
+    comm.broadcast(&step_time, sizeof step_time);
     step_time *= 1.05;  // the optimiser update
     const Index eval_tokens =
         o.eval_tokens > 0 ? std::min<Index>(o.eval_tokens, static_cast<Index>(data.streams.valid.size()))
@@ -595,7 +816,12 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     restore_optimizer(*ckpt, opt);
     state = ckpt->info.state;
     sampler.set_state(state.sampler);
-    if (ckpt->info.device != o.device || ckpt->info.precision != o.precision)
+    if (ckpt->info.ranks != ranks)
+      progress.message("note: the checkpoint was written by " + std::to_string(ckpt->info.ranks) +
+                       " process(es), this session runs on " + std::to_string(ranks) +
+                       "; the continuation is correct but not bit-identical (the gradient sums are split "
+                       "differently)");
+    else if (ckpt->info.device != o.device || ckpt->info.precision != o.precision)
       progress.message("note: the checkpoint was written on " + ckpt->info.device + " (" + ckpt->info.precision +
                        "), this session runs on " + o.device + " (" + o.precision +
                        "); the continuation is correct but not bit-identical");
@@ -614,13 +840,14 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   CheckpointInfo info;
   info.run = run;
   info.threads = r.threads;
+  info.ranks = ranks;
   info.budget_tokens = o.budget_seconds > 0 ? 0 : effective_budget_tokens(o);
   info.budget_seconds = o.budget_seconds;
   info.device = o.device;
   info.precision = o.precision;
   const double elapsed_before = state.elapsed;
   auto save = [&]() {
-    if (o.checkpoint.empty()) return;
+    if (o.checkpoint.empty() || !comm.root()) return;  // rank 0 writes the one checkpoint
     state.sampler = sampler.state();
     state.elapsed = elapsed_before + (now_seconds() - session_start);
     state.curve = r.curve;
@@ -630,7 +857,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   };
 
   MetricsLog metrics;
-  if (!o.metrics.empty()) metrics = MetricsLog(o.metrics, o.resume);
+  if (!o.metrics.empty() && comm.root()) metrics = MetricsLog(o.metrics, o.resume);
 
   // ---- the loop
   std::vector<std::int32_t> tokens, targets;
@@ -638,8 +865,9 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   Index session_tokens = 0;
   while (state.step < total_steps) {
     const double t0 = now_seconds();
-    sample_batch(data.streams.train, B, T, sampler, tokens, targets);
-    const float loss = step_loss(tokens, targets);
+    sample_batch(data.streams.train, B, T, sampler, tokens, targets, first_row, Bl);
+    const Reduced step = all_reduce(step_loss(tokens, targets));
+    const float loss = step.loss;
     if (!std::isfinite(loss))
       throw std::runtime_error("training diverged at step " + std::to_string(state.step + 1) + ": the loss is " +
                                fmt("%g", loss) + "; lower --lr (now " + fmt("%g", o.lr) + ") or keep --clip");
@@ -664,7 +892,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     metrics.step(m);
 
     if (o.eval_every > 0 && state.step % o.eval_every == 0 && state.step < total_steps) {
-      const Perplexity p = evaluate_stream(eval_loss, data.streams.valid, T, B, o.eval_tokens);
+      const Perplexity p = evaluate(data.streams.valid, o.eval_tokens);
       r.curve.push_back(CurvePoint{state.step, state.tokens_seen, p.loss, p.ppl});
       const EvalMetrics e{state.step, state.tokens_seen, "valid", p.tokens, p.loss, p.ppl,
                           elapsed_before + (now_seconds() - session_start)};
@@ -678,7 +906,8 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
                        (o.checkpoint.empty() ? std::string() : "; checkpoint written to '" + o.checkpoint + "'"));
       break;
     }
-    if (interrupted() && state.step < total_steps) {
+    // Several ranks stop at the same step: the one whose interruption the step's reduction carried.
+    if ((ranks == 1 ? interrupted() : step.interrupted) && state.step < total_steps) {
       r.stopped_early = r.interrupted = true;
       save();
       progress.message("interrupted after step " + std::to_string(state.step) +
@@ -693,6 +922,8 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   r.steps_done = state.step;
   r.tokens_seen = state.tokens_seen;
   r.tokens_per_s = train_time > 0 ? static_cast<double>(session_tokens) / train_time : 0;
+  r.reduce_seconds = reduce_time;
+  r.reduced_floats = ranks > 1 ? static_cast<Index>(total_size(model->gradients())) : 0;
   r.last_loss = r.losses.empty() ? std::nan("") : r.losses.back();
   if (!r.losses.empty()) {
     const std::size_t n = std::min<std::size_t>(20, r.losses.size());
@@ -704,8 +935,8 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
   }
 
   if (!r.stopped_early) {
-    const Perplexity v = evaluate_stream(eval_loss, data.streams.valid, T, B, 0);
-    const Perplexity t = evaluate_stream(eval_loss, data.streams.test, T, B, 0);
+    const Perplexity v = evaluate(data.streams.valid, 0);
+    const Perplexity t = evaluate(data.streams.test, 0);
     r.valid_loss = v.loss;
     r.valid_ppl = v.ppl;
     r.test_loss = t.loss;
@@ -713,7 +944,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& progre
     // The curve's points are all measured on the same tokens (the --eval-tokens cap), so its last
     // point is too; the table's numbers above use the whole splits.
     const bool capped = o.eval_tokens > 0 && o.eval_tokens < v.tokens;
-    const Perplexity c = capped ? evaluate_stream(eval_loss, data.streams.valid, T, B, o.eval_tokens) : v;
+    const Perplexity c = capped ? evaluate(data.streams.valid, o.eval_tokens) : v;
     if (!r.curve.empty() && r.curve.back().step == state.step) r.curve.pop_back();
     r.curve.push_back(CurvePoint{state.step, state.tokens_seen, c.loss, c.ppl});
     const double el = elapsed_before + (now_seconds() - session_start);
@@ -744,6 +975,7 @@ std::string summary_json(const TrainOptions& o, const TrainResult& r) {
   j["dynamics_parameters"] = r.params.dynamics;
   j["dynamics_percent"] = r.params.dynamics_percent;
   j["threads"] = r.threads;
+  j["ranks"] = r.ranks;
   j["device"] = r.device;
   j["precision"] = r.precision;
   j["steps_done"] = r.steps_done;
@@ -756,6 +988,10 @@ std::string summary_json(const TrainOptions& o, const TrainResult& r) {
   j["test_loss"] = r.test_loss;
   j["test_ppl"] = r.test_ppl;
   j["tokens_per_s"] = r.tokens_per_s;
+  if (r.ranks > 1) {
+    j["allreduce_seconds"] = r.reduce_seconds;
+    j["allreduce_floats"] = r.reduced_floats;
+  }
   j["train_seconds"] = r.train_seconds;
   j["wall_seconds"] = r.wall_seconds;
   return j.dump();

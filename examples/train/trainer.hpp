@@ -11,6 +11,13 @@
 // stopped and resumed from its checkpoint ends with exactly the parameters of an uninterrupted run.
 // With device = "cuda" the same loop runs the model and the optimiser on the GPU (device.hpp); the
 // checkpoints stay the CPU model's and optimiser's, so runs move freely between the devices.
+//
+// Under mpirun (distributed.hpp, docs/distributed.md) the same call trains the same model on N
+// processes: every rank draws the same B windows and computes the gradient of its B/N of them;
+// rank 0's initial parameters are broadcast; the gradients are averaged (a fixed-order sum) before
+// clipping and AdamW, so every rank applies the same update; evaluations are split over the ranks
+// and summed; rank 0 alone prints, writes the metrics and the one checkpoint, which resumes with
+// any N. Each step's results then differ from one process's by the rounding of the split sums.
 #pragma once
 
 #include <cstdint>
@@ -121,8 +128,8 @@ GptConfig model_config(const TrainOptions& o);
 /// GEMM threads spin-wait on each other), so the automatic count avoids busy cores.
 int idle_cores();
 
-/// Sets Eigen's and OpenMP's thread counts (0: idle_cores()) and returns the count. Without
-/// OpenMP: 1.
+/// Sets Eigen's and OpenMP's thread counts (0: idle_cores(), shared among the ranks of a
+/// distributed run on this machine) and returns the count. Without OpenMP: 1.
 int set_threads(int threads);
 
 /// Data for training: the corpus split 90/5/5 by document, the tokenizer trained on the training
@@ -143,12 +150,22 @@ struct Perplexity {
   double loss = 0, ppl = 0;
   Index tokens = 0;
 };
+/// One part of such an evaluation: the windows [count * part / parts, count * (part + 1) / parts)
+/// of the `count` that evaluate_stream scores, `batch` at a time; total = the sum of their
+/// token losses. Part 0 of 1 is evaluate_stream's computation, in its order.
+struct PartialLoss {
+  double total = 0;
+  Index tokens = 0;        ///< tokens of this part
+  Index all_tokens = 0;    ///< tokens of every part
+};
 Perplexity evaluate_stream(const Model& model, Tape<float>& tape, const std::vector<std::int32_t>& stream,
                            Index seq, Index batch, Index max_tokens = 0);
 /// The same with any evaluator: loss(tokens, targets, batch) -> mean loss of the batch (e.g. a device's).
 using BatchLoss = std::function<float(TokenSpan tokens, TokenSpan targets, Index batch)>;
 Perplexity evaluate_stream(const BatchLoss& loss, const std::vector<std::int32_t>& stream, Index seq, Index batch,
                            Index max_tokens = 0);
+PartialLoss evaluate_part(const BatchLoss& loss, const std::vector<std::int32_t>& stream, Index seq, Index batch,
+                          Index max_tokens, int part, int parts);
 
 /// Whether this build can train on CUDA (--device cuda), i.e. it was configured with COUPLEDQK_CUDA.
 bool cuda_support_compiled();
@@ -156,7 +173,9 @@ bool cuda_support_compiled();
 struct TrainResult {
   GptConfig config;
   ParameterReport params;
-  int threads = 0;
+  int threads = 0;                   ///< per process
+  int ranks = 1;                     ///< processes (mpirun -np N)
+  std::string distributed = "one process";  ///< Communicator::description(), and the GPU reduction
   std::string device = "cpu";        ///< TrainOptions::device
   std::string precision = "f32";     ///< TrainOptions::precision
   std::string device_name;           ///< e.g. "cpu" or "cuda:0 NVIDIA H100 ... , bf16 activations ..."
@@ -172,6 +191,8 @@ struct TrainResult {
   double valid_loss = 0, valid_ppl = 0;  ///< whole validation split, at the end
   double test_loss = 0, test_ppl = 0;    ///< whole test split, at the end
   double tokens_per_s = 0;           ///< training throughput of this session (evaluations excluded)
+  double reduce_seconds = 0;         ///< of which in the gradient all-reduce (several ranks; rank 0's clock)
+  Index reduced_floats = 0;          ///< floats per all-reduce (the parameter count)
   double train_seconds = 0;          ///< training time, all sessions (RunState::elapsed)
   double wall_seconds = 0;           ///< this session, evaluations and checkpoints included
   std::vector<CurvePoint> curve;     ///< (tokens seen, valid ppl): periodic evaluations, then the final one
