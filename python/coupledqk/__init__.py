@@ -165,6 +165,36 @@ def _container(module, path):
     return module
 
 
+def _check_layer_state(layer, state_dict, prefix, strict):
+    names = ", ".join(n for n, _ in layer._specs)
+    for name, shape in layer._specs:
+        key = prefix + name
+        if key not in state_dict:
+            if strict:
+                raise KeyError(f"state_dict has no tensor {key!r}; attention {layer.attention!r} needs {names}"
+                               + (f" (under the prefix {prefix!r})" if prefix else ""))
+            continue
+        t = state_dict[key]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"state_dict[{key!r}] must be a torch.Tensor; got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"state_dict[{key!r}] has dtype {t.dtype}; expected a floating-point tensor "
+                            f"(torch.float32 or torch.float64)")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"state_dict[{key!r}] has shape {list(t.shape)}; expected {list(shape)} for "
+                             f"attention {layer.attention!r} with dim={layer.dim}, heads={layer.heads}, "
+                             f"hidden={layer.hidden or layer.dim // layer.heads}")
+
+
+def _load_state_dict(model, state_dict, strict):
+    """model.load_state_dict after checking every CoupledAttention inside it (KeyError when strict
+    and a tensor is missing; torch's RuntimeError still reports other modules' keys)."""
+    for prefix, module in model.named_modules():
+        if isinstance(module, CoupledAttention):
+            _check_layer_state(module, state_dict, prefix + "." if prefix else "", strict)
+    return nn.Module.load_state_dict(model, state_dict, strict)
+
+
 class CoupledAttention(nn.Module):
     """Causal multi-head self-attention with coupled query-key dynamics: [B, T, dim] -> [B, T, dim].
 
@@ -216,28 +246,15 @@ class CoupledAttention(nn.Module):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
         # Checked here, for this layer's every tensor (its dyn.* live in child modules), so that a
-        # missing or misshapen tensor raises KeyError / ValueError / TypeError naming it, instead of
-        # torch's collected RuntimeError.
-        names = ", ".join(n for n, _ in self._specs)
-        for name, shape in self._specs:
-            key = prefix + name
-            if key not in state_dict:
-                if strict:
-                    raise KeyError(f"state_dict has no tensor {key!r}; attention {self.attention!r} needs "
-                                   f"{names} (under the prefix {prefix!r})")
-                continue
-            t = state_dict[key]
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"state_dict[{key!r}] must be a torch.Tensor; got {type(t).__name__}")
-            if not t.is_floating_point():
-                raise TypeError(f"state_dict[{key!r}] has dtype {t.dtype}; expected a floating-point tensor "
-                                f"(torch.float32 or torch.float64)")
-            if tuple(t.shape) != shape:
-                raise ValueError(f"state_dict[{key!r}] has shape {list(t.shape)}; expected {list(shape)} for "
-                                 f"attention {self.attention!r} with dim={self.dim}, heads={self.heads}, "
-                                 f"hidden={self.hidden or self.dim // self.heads}")
+        # misshapen or non-float tensor raises ValueError / TypeError naming it, in any model.
+        _check_layer_state(self, state_dict, prefix, strict=False)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+    def load_state_dict(self, state_dict, strict=True):
+        """nn.Module.load_state_dict, with a KeyError naming a missing tensor (when strict) and a
+        ValueError / TypeError naming a misshapen or non-float one."""
+        return _load_state_dict(self, state_dict, strict)
 
     def metadata(self):
         """The string metadata the layer tool (coupledqk-layer) reads: attention, steps, heads, m, layer_index."""

@@ -71,6 +71,12 @@ class GPT(nn.Module):
                                       **attention_kw) for l in range(layers))
         self.ln_f = _LayerNorm(dim, dtype)
 
+    def load_state_dict(self, state_dict, strict=True):
+        """nn.Module.load_state_dict; a missing (strict) or misshapen attention tensor raises
+        KeyError / ValueError naming it."""
+        from . import _load_state_dict
+        return _load_state_dict(self, state_dict, strict)
+
     def forward(self, tokens, targets=None):
         if tokens.dim() != 2 or tokens.dtype != torch.int64 or tokens.shape[1] > self.context:
             raise ValueError(f"tokens have shape {list(tokens.shape)} and dtype {tokens.dtype}; expected "

@@ -33,7 +33,24 @@ std::string shape_string(at::IntArrayRef shape) {
 std::string shape_string(const std::vector<Index>& shape) {
   return shape_string(at::IntArrayRef(std::vector<int64_t>(shape.begin(), shape.end())));
 }
-std::string dtype_string(at::ScalarType t) { return std::string("torch.") + c10::toString(t); }
+/// The dtype as Python spells it (torch.float32, not c10's "Float").
+std::string dtype_string(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kLong: return "torch.int64";
+    case at::kInt: return "torch.int32";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
 
 coupledqk::DynamicsMemory parse_memory(const std::string& m) {
   if (m == "store") return coupledqk::DynamicsMemory::store;
