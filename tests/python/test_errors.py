@@ -62,6 +62,10 @@ def test_non_finite_input():
     x = torch.randn(2, 3, 16)
     x[1, 2, 5] = float("nan")
     raises(ValueError, layer(), x, contains=("input x", "nan"))
+    m = layer()
+    with torch.no_grad():
+        m.dyn.W[1, 2] = float("inf")
+    raises(ValueError, m, torch.randn(2, 3, 16), contains=("'dyn.W'", "inf", "finite"))
 
 
 def test_state_dict_missing_or_misshapen():
