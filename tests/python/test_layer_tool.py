@@ -25,7 +25,8 @@ import safetensors_io  # noqa: E402
 import coupledqk  # noqa: E402
 from harness import main as run_tests  # noqa: E402
 
-TOLERANCE = {"F64": 1e-12, "F32": 1e-6}
+# float32: a few hundred ulps of slack, as the package is compiled with AVX2 + FMA and the tool may not be.
+TOLERANCE = {"F64": 1e-12, "F32": 2e-5}
 TOOL = None
 WORK = None
 
