@@ -50,8 +50,9 @@ class Kernel {
   virtual void initial_parameters(std::uint64_t seed, const std::vector<S*>& out) const = 0;
   /// y = layer(x) for x [batch*seq, D]; params in specs() order. When keep, returns what the
   /// backward needs (the configured DynamicsMemory applies); otherwise nullptr. threads > 0 sets
-  /// the OpenMP thread count of the calling thread first.
-  virtual std::unique_ptr<Pass<S>> forward(const S* x, Index batch, Index seq, const std::vector<const S*>& params,
+  /// the OpenMP thread count of the calling thread first. A pass let go of is kept for the next
+  /// forward (one at most), so that repeated steps reuse its buffers.
+  virtual std::shared_ptr<Pass<S>> forward(const S* x, Index batch, Index seq, const std::vector<const S*>& params,
                                            S* y, bool keep, int threads) const = 0;
 };
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -65,16 +66,31 @@ class LayerPass final : public Pass<typename Layer::scalar> {
   void backward(const S* dy, S* dx, const std::vector<S*>& grads, int threads) const override {
     set_threads(threads);
     const Index N = ctx_.x.rows(), D = layer_.config().dim;
-    auto grad = layer_.zero_gradients();
-    Matrix<S> out;
-    layer_.backward_into(ctx_, ConstMatrixMap<S>(dy, N, D), grad, out);
-    std::copy(out.data(), out.data() + out.size(), dx);
-    store(grad, grads);
+    if (grad_.wq.size() == 0)
+      grad_ = layer_.zero_gradients();
+    else
+      set_zero(grad_);
+    layer_.backward_into(ctx_, ConstMatrixMap<S>(dy, N, D), grad_, dx_);
+    std::copy(dx_.data(), dx_.data() + dx_.size(), dx);
+    store(grad_, grads);
   }
 
  private:
   Layer layer_;
   typename Layer::Context ctx_;
+  mutable typename Layer::Parameters grad_;  // the backward's buffers, kept with the pass
+  mutable Matrix<S> dx_;
+};
+
+/// Passes whose forward and backward are done, kept for the next forward of the same kernel: their
+/// parameters, Context and gradient buffers already have the right sizes, so a training loop's
+/// steps allocate none of them again (the layer's Context is built for such reuse). At most
+/// `limit` are kept (what one training step needs), so the memory held between steps is one pass.
+template <class Layer>
+struct PassPool {
+  static constexpr std::size_t limit = 1;
+  std::mutex mutex;
+  std::vector<std::unique_ptr<LayerPass<Layer>>> idle;
 };
 
 template <class Layer>
@@ -83,7 +99,7 @@ class LayerKernel final : public Kernel<typename Layer::scalar> {
 
  public:
   explicit LayerKernel(const AttentionConfig& config)
-      : specs_(Layer::parameter_specs(config)), prototype_(config, 0) {
+      : specs_(Layer::parameter_specs(config)), prototype_(config, 0), pool_(std::make_shared<PassPool<Layer>>()) {
     prototype_.params = typename Layer::Parameters{};  // a pass copies the prototype, then takes the caller's parameters
   }
   const std::vector<TensorSpec>& specs() const override { return specs_; }
@@ -93,23 +109,44 @@ class LayerKernel final : public Kernel<typename Layer::scalar> {
     store(Layer(prototype_.config(), seed).params, out);
   }
 
-  std::unique_ptr<Pass<S>> forward(const S* x, Index batch, Index seq, const std::vector<const S*>& params, S* y,
+  std::shared_ptr<Pass<S>> forward(const S* x, Index batch, Index seq, const std::vector<const S*>& params, S* y,
                                    bool keep, int threads) const override {
     set_threads(threads);
-    auto pass = std::make_unique<LayerPass<Layer>>(prototype_);
+    std::unique_ptr<LayerPass<Layer>> pass;
+    {
+      std::lock_guard<std::mutex> lock(pool_->mutex);
+      if (!pool_->idle.empty()) {
+        pass = std::move(pool_->idle.back());
+        pool_->idle.pop_back();
+      }
+    }
+    if (!pass) pass = std::make_unique<LayerPass<Layer>>(prototype_);
     load(pass->layer().params, specs_, params);
     require_finite_parameters(pass->layer().params);
     const Index D = prototype_.config().dim;
     Matrix<S> out;
     pass->layer().forward_into(ConstMatrixMap<S>(x, batch * seq, D), batch, keep ? &pass->context() : nullptr, out);
     std::copy(out.data(), out.data() + out.size(), y);
-    if (!keep) return nullptr;
-    return pass;
+    if (!keep) {
+      release(pool_, std::move(pass));
+      return nullptr;
+    }
+    // Returned to the pool when the caller lets go of it (if the kernel still exists).
+    return std::shared_ptr<Pass<S>>(pass.release(), [pool = std::weak_ptr<PassPool<Layer>>(pool_)](Pass<S>* p) {
+      std::unique_ptr<LayerPass<Layer>> owned(static_cast<LayerPass<Layer>*>(p));
+      if (auto live = pool.lock()) release(live, std::move(owned));
+    });
   }
 
  private:
+  static void release(const std::shared_ptr<PassPool<Layer>>& pool, std::unique_ptr<LayerPass<Layer>> pass) {
+    std::lock_guard<std::mutex> lock(pool->mutex);
+    if (pool->idle.size() < PassPool<Layer>::limit) pool->idle.push_back(std::move(pass));
+  }
+
   std::vector<TensorSpec> specs_;
   Layer prototype_;
+  std::shared_ptr<PassPool<Layer>> pool_;
 };
 
 }  // namespace detail

@@ -223,12 +223,8 @@ class Layer {
     const S* xp = x.data_ptr<S>();
     S* yp = y.data_ptr<S>();
     const int threads = at::get_num_threads();
-    std::unique_ptr<cp::Pass<S>> pass;
-    {
-      py::gil_scoped_release release;
-      pass = k.forward(xp, x.size(0), x.size(1), ptrs, yp, keep, threads);
-    }
-    return std::shared_ptr<cp::Pass<S>>(std::move(pass));
+    py::gil_scoped_release release;
+    return k.forward(xp, x.size(0), x.size(1), ptrs, yp, keep, threads);
   }
 
   std::string attention_;

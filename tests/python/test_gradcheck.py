@@ -51,6 +51,34 @@ def test_recompute_for_every_reversible_variant():
         check(variant, 3, memory="recompute")
 
 
+def test_reused_buffers_change_nothing():
+    # A layer keeps its last pass's buffers for the next forward; passes of other shapes, passes
+    # left in flight and passes run twice must give exactly what a fresh layer gives.
+    for variant, memory in (("diff-leapfrog", "store"), ("affine", "recompute"), ("uncoupled", "store")):
+        layer = random_layer(variant, 2, memory)
+        shapes = [(2, 3), (1, 5), (3, 2), (2, 3)]
+        inputs = [torch.randn(b, t, 8, dtype=torch.float64, requires_grad=True) for b, t in shapes]
+        # two in flight at once, then one differentiated twice (retain_graph)
+        ys = [layer(x) for x in inputs[:2]]
+        ys[1].sum().backward(retain_graph=True)
+        ys[1].sum().backward()
+        ys[0].square().sum().backward()
+        for x in inputs[2:]:
+            layer.zero_grad()  # the parameter gradients of the last step are compared below
+            layer(x).square().sum().backward()
+            with torch.no_grad():
+                layer(x)
+        grads = [x.grad.clone() for x in inputs]
+        last = {n: p.grad.clone() for n, p in layer.named_parameters()}
+        for i, x in enumerate(inputs):
+            fresh = random_layer(variant, 2, memory)  # same seed: same parameters, new kernel
+            x2 = x.detach().clone().requires_grad_(True)
+            y = fresh(x2)
+            (y.sum() * 2 if i == 1 else y.square().sum()).backward()
+            assert torch.equal(grads[i], x2.grad), (variant, i)
+        assert all(torch.equal(last[n], p.grad) for n, p in fresh.named_parameters()), variant
+
+
 def test_gradcheck_can_fail():
     # A wrong backward must be caught: scale the library's dx and gradcheck has to say no.
     layer = random_layer("leapfrog", 2)
