@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """coupledqk's PyTorch module against the same variant in eager PyTorch ops, side by side in one run.
 
-    bench/peers/torch_module.py --build build --threads 2 [--reps 5] [--case leapfrog:1:4:512:512 ...]
+    bench/peers/torch_module.py --build build --threads 2 [--reps 5] [--cpu-time] [--case leapfrog:1:4:512:512 ...]
 
 For each case (variant:steps:B:T:D, head size 64, m = 64; default: the layer benchmark's shape
 B=4, T=512, D=512 for the variants of side_by_side.py) the same float32 parameters run through
@@ -10,7 +10,9 @@ B=4, T=512, D=512 for the variants of side_by_side.py) the same float32 paramete
 both on torch.set_num_threads(threads). The two outputs are compared before timing. The two are
 timed alternately, rep by rep (so load changes hit both), after one warm-up each: median ms of the
 forward (no_grad) and of forward + backward (y.backward(dy), parameter gradients included).
-Prints one JSON object per case and pass, then a Markdown table.
+Prints one JSON object per case and pass, then a Markdown table. --cpu-time measures the process's
+CPU time instead of wall time (with --threads 1, a figure that other processes' load disturbs far
+less than wall time on a shared machine).
 """
 import argparse
 import json
@@ -48,11 +50,13 @@ def main():
     ap.add_argument("--build", default="build", help="build folder holding python/coupledqk")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cpu-time", action="store_true", help="time.process_time instead of wall time")
     ap.add_argument("--case", action="append", help="variant:steps[:B:T:D] (default: the side-by-side list at 4:512:512)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(args.build, "python"))
     import coupledqk
     torch.set_num_threads(args.threads)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     generator = torch.Generator().manual_seed(0)
     rows = []
     for case in args.case or CASES:
@@ -85,14 +89,15 @@ def main():
             times = {"coupledqk": [], "eager": []}
             for _ in range(args.reps):
                 for key, fn in (("coupledqk", ours_fn), ("eager", eager_fn)):
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     fn()
-                    times[key].append((time.perf_counter() - t0) * 1e3)
+                    times[key].append((clock() - t0) * 1e3)
             ms = {k: statistics.median(v) for k, v in times.items()}
             row = {"variant": variant, "steps": steps, "B": B, "T": T, "D": D, "pass": name,
                    "coupledqk_ms": round(ms["coupledqk"], 2), "eager_ms": round(ms["eager"], 2),
                    "speedup": round(ms["eager"] / ms["coupledqk"], 3), "max_rel_diff": err,
-                   "threads": args.threads, "torch": torch.__version__}
+                   "threads": args.threads, "clock": "cpu" if args.cpu_time else "wall",
+                   "torch": torch.__version__}
             rows.append(row)
             print(json.dumps(row), flush=True)
     print("\n| variant | steps | pass | module ms | eager PyTorch ms | eager / module |")
