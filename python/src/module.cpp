@@ -10,8 +10,10 @@
 #include <coupledqk/version.hpp>
 
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
