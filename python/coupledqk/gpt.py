@@ -78,9 +78,11 @@ class GPT(nn.Module):
         return _load_state_dict(self, state_dict, strict)
 
     def forward(self, tokens, targets=None):
-        if tokens.dim() != 2 or tokens.dtype != torch.int64 or tokens.shape[1] > self.context:
-            raise ValueError(f"tokens have shape {list(tokens.shape)} and dtype {tokens.dtype}; expected "
-                             f"[B, T] int64 with T <= context = {self.context}")
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64:
+            raise TypeError(f"tokens must be an int64 tensor [B, T]; got {getattr(tokens, 'dtype', type(tokens))}")
+        if tokens.dim() != 2 or not 0 < tokens.shape[1] <= self.context:
+            raise ValueError(f"tokens have shape {list(tokens.shape)}; expected [B, T] with 0 < T <= context = "
+                             f"{self.context}")
         x = self.wte[tokens] + self.wpe[: tokens.shape[1]]
         for block in self.h:
             x = block(x)

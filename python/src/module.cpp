@@ -123,7 +123,7 @@ class Layer {
  public:
   Layer(std::string attention, int steps, Index dim, Index heads, Index hidden, int layer_index, double init_std,
         double dynamics_init_scale, double init_time, const std::string& memory, bool reference_kernels)
-      : attention_(std::move(attention)), steps_(steps) {
+      : attention_(std::move(attention)), steps_(steps), memory_(memory) {
     config_.dim = dim;
     config_.heads = heads;
     config_.hidden = hidden;
@@ -202,6 +202,13 @@ class Layer {
   const std::string& attention() const { return attention_; }
   int steps() const { return steps_; }
 
+  /// The constructor's arguments, for pickling (copy.deepcopy, torch.save of a whole model).
+  py::tuple arguments() const {
+    return py::make_tuple(attention_, steps_, config_.dim, config_.heads, config_.hidden, config_.layer_index,
+                          config_.init_std, config_.dynamics_init_scale, config_.init_time, memory_,
+                          config_.reference_kernels);
+  }
+
  private:
   template <class S>
   cp::Kernel<S>& kernel() {
@@ -231,6 +238,7 @@ class Layer {
 
   std::string attention_;
   int steps_;
+  std::string memory_;
   coupledqk::AttentionConfig config_;
   std::tuple<std::unique_ptr<cp::Kernel<float>>, std::unique_ptr<cp::Kernel<double>>> kernels_;
 };
@@ -268,6 +276,15 @@ PYBIND11_MODULE(_C, m) {
       .def("specs", &Layer::specs, "[(name, shape)] of every parameter, in the library's order.")
       .def("initial_parameters", &Layer::initial_parameters, py::arg("seed"), py::arg("dtype"))
       .def("forward", &Layer::forward, py::arg("x"), py::arg("params"), py::arg("keep"))
+      .def(py::pickle([](const Layer& l) { return l.arguments(); },
+                      [](const py::tuple& a) {
+                        if (a.size() != 11)
+                          throw py::value_error("coupledqk._C.Layer: a pickled state has " + std::to_string(a.size()) +
+                                                " values; expected 11");
+                        return Layer(a[0].cast<std::string>(), a[1].cast<int>(), a[2].cast<Index>(), a[3].cast<Index>(),
+                                     a[4].cast<Index>(), a[5].cast<int>(), a[6].cast<double>(), a[7].cast<double>(),
+                                     a[8].cast<double>(), a[9].cast<std::string>(), a[10].cast<bool>());
+                      }))
       .def_property_readonly("attention", &Layer::attention)
       .def_property_readonly("steps", &Layer::steps);
 }

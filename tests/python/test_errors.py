@@ -87,6 +87,31 @@ def test_state_dict_missing_or_misshapen():
     m.load_state_dict(missing, strict=False)
 
 
+def test_gpt_tokens():
+    gpt = coupledqk.GPT(vocab=11, dim=16, layers=1, heads=4, context=8)
+    raises(TypeError, gpt, torch.zeros(2, 3), contains=("int64", "torch.float32"))
+    raises(ValueError, gpt, torch.zeros(2, 9, dtype=torch.int64), contains=("[2, 9]", "context = 8"))
+    raises(ValueError, gpt, torch.zeros(6, dtype=torch.int64), contains=("[6]", "[B, T]"))
+
+
+def test_copies_and_pickles():
+    # copy.deepcopy and torch.save of a whole module (the compiled layer pickles as its arguments)
+    import copy
+    import io
+    m = layer(dtype=torch.float64, memory="recompute")
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    twin = copy.deepcopy(m)
+    assert torch.equal(twin(x), m(x))
+    with torch.no_grad():
+        twin.wq.add_(1.0)
+    assert not torch.equal(twin(x), m(x))  # its own parameters
+    buffer = io.BytesIO()
+    torch.save(m, buffer)
+    buffer.seek(0)
+    back = torch.load(buffer)
+    assert back.memory == "recompute" and torch.equal(back(x), m(x))
+
+
 def test_functional_form_errors():
     m = layer()
     params = dict(m.named_parameters())
