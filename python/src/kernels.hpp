@@ -1,0 +1,67 @@
+// The library's attention layer behind a torch-free interface, so that the heavy template
+// instantiations (every variant of builtin_variants at every step count, float and double) live in
+// translation units that never include a PyTorch header (kernels_float.cpp, kernels_double.cpp),
+// and the pybind11 + libtorch glue (module.cpp) compiles no layer code.
+//
+// Shapes: x, y, dy, dx are [B*T, D] row-major, rows ordered (b, t); every parameter is row-major
+// with the shape its TensorSpec names (specs(), the order of Attention::parameter_specs).
+#pragma once
+
+#include <coupledqk/attention.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace coupledqk::python {
+
+/// What the variant table says about one run-time name.
+struct VariantInfo {
+  std::string name;
+  std::string integrator, scoring;  // the policies' own names (e.g. "leapfrog", "softmax")
+  bool has_dynamics = false;        // false: no dyn.* tensors, steps are ignored
+  bool is_reversible = false;       // accepts memory = recompute
+};
+
+/// The run-time names of builtin_variants, in table order, and what each is.
+std::vector<VariantInfo> variants();
+/// Largest step count compiled in (coupledqk::max_steps).
+int max_steps();
+
+/// What one forward kept for its backward: a copy of the parameters and the layer's Context.
+template <class S>
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  /// dy [B*T, D] -> dx (=) and the gradient of every parameter (=), in specs() order. May be called
+  /// more than once (each call recomputes from what the forward kept).
+  virtual void backward(const S* dy, S* dx, const std::vector<S*>& grads, int threads) const = 0;
+};
+
+/// One compiled layer Attention<S, Integrator, Scoring>, chosen at run time by name and steps.
+template <class S>
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual const std::vector<TensorSpec>& specs() const = 0;
+  virtual const AttentionConfig& config() const = 0;
+  /// The library's own initialisation for `seed` (Attention(config, seed)), written in specs() order.
+  virtual void initial_parameters(std::uint64_t seed, const std::vector<S*>& out) const = 0;
+  /// y = layer(x) for x [batch*seq, D]; params in specs() order. When keep, returns what the
+  /// backward needs (the configured DynamicsMemory applies); otherwise nullptr. threads > 0 sets
+  /// the OpenMP thread count of the calling thread first. A pass let go of is kept for the next
+  /// forward (one at most), so that repeated steps reuse its buffers.
+  virtual std::shared_ptr<Pass<S>> forward(const S* x, Index batch, Index seq, const std::vector<const S*>& params,
+                                           S* y, bool keep, int threads) const = 0;
+};
+
+/// The layer `attention` with `steps` steps from builtin_variants. Throws coupledqk::invalid_argument
+/// (a ValueError in Python) for an unknown name, steps outside 1..max_steps or an unusable config.
+template <class S>
+std::unique_ptr<Kernel<S>> make_kernel(const std::string& attention, int steps, const AttentionConfig& config);
+
+extern template std::unique_ptr<Kernel<float>> make_kernel<float>(const std::string&, int, const AttentionConfig&);
+extern template std::unique_ptr<Kernel<double>> make_kernel<double>(const std::string&, int, const AttentionConfig&);
+
+}  // namespace coupledqk::python
