@@ -537,7 +537,10 @@ void Store::save(const RunResult& r) {
 }
 
 std::pair<int, int> Store::merge(const std::string& other_dir) {
-  if (fs::equivalent(other_dir, dir_)) throw invalid_argument("merge: '" + other_dir + "' is this plan's own results folder");
+  std::error_code ec;
+  if (!fs::is_directory(other_dir, ec))
+    throw io_error("merge: '" + other_dir + "' is not a folder of study results (it does not exist or is not a folder)");
+  if (fs::equivalent(other_dir, dir_, ec)) throw invalid_argument("merge: '" + other_dir + "' is this plan's own results folder");
   const Store other(plan_, other_dir);  // checks every file against the plan first: nothing is copied on error
   int copied = 0, present = 0;
   for (const auto& [id, r] : other.results()) {

@@ -237,6 +237,9 @@ TEST_CASE("coupledqk-study: a tiny plan interrupted, resumed, reported; the same
     CHECK(r.status == 0);
     CHECK(contains(r.out, "4 results copied, 0 already here"));
     CHECK(result_files(merged).size() == 4);
+    r = run_study(dir, "merge '" + plan + "' --results '" + merged + "' '" + (dir / "nowhere") + "'");
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, "nowhere' is not a folder of study results"));
   }
 }
 
