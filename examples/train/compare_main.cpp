@@ -28,6 +28,9 @@
 
 namespace ct = coupledqk::train;
 namespace fs = std::filesystem;
+using ct::cpu_model;
+using ct::file_safe;
+using ct::shell_quote;
 using coupledqk::Index;
 
 namespace {
@@ -71,31 +74,8 @@ std::vector<Variant> parse_variants(const std::string& list) {
   return out;
 }
 
-std::string file_safe(std::string s) {
-  for (char& c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '-';
-  return s;
-}
 
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=./:,+@") ==
-                        std::string::npos)
-    return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      const auto p = line.find(':');
-      if (p != std::string::npos) return line.substr(p + 2);
-    }
-  return "unknown CPU";
-}
 
 std::string fmt(const char* format, double v) {
   char buffer[64];

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <cctype>
 #include <cstring>
 #include <utility>
 
@@ -184,6 +186,32 @@ void MetricsLog::eval(const EvalMetrics& m) {
   j[m.split + "_ppl"] = m.ppl;
   j["elapsed"] = m.elapsed;
   line(j.dump());
+}
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=./:,+@") ==
+                        std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string file_safe(std::string s) {
+  for (char& c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '-';
+  return s;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto p = line.find(':');
+      if (p != std::string::npos) return line.substr(p + 2);
+    }
+  return "unknown CPU";
 }
 
 }  // namespace coupledqk::train

@@ -81,6 +81,14 @@ double now_seconds();
 /// "12.3k", "1.25M", "950".
 std::string format_count(double value);
 
+/// `s` as one shell word: unchanged when it holds only safe characters, else in single quotes (for
+/// the commands quoted in reports).
+std::string shell_quote(const std::string& s);
+/// `s` with every character but letters, digits, '-', '_' and '.' replaced by '-' (file names).
+std::string file_safe(std::string s);
+/// The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none).
+std::string cpu_model();
+
 /// JSON lines, one object per line:
 ///   {"type":"step","step":..,"tokens":..,"loss":..,"lr":..,"grad_norm":..,"tokens_per_s":..,"elapsed":..}
 ///   {"type":"eval","step":..,"tokens":..,"split":"valid","eval_tokens":..,"loss":..,"ppl":..,"elapsed":..}

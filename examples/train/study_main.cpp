@@ -31,25 +31,7 @@ using coupledqk::Index;
 
 namespace {
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) {
-      const auto p = line.find(':');
-      if (p != std::string::npos) return line.substr(p + 2);
-    }
-  return "unknown CPU";
-}
 
-std::string quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=./:,+@") ==
-                        std::string::npos)
-    return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 /// "i/n" with 1 <= i <= n.
 std::pair<int, int> parse_shard(const std::string& text) {
@@ -153,9 +135,9 @@ int report(const Common& c, const std::string& out, int argc, char** argv) {
   const cs::Store store(plan, results_dir(c, plan));
   cs::ReportOptions o;
   o.out = out;
-  o.command = "build/examples/train/coupledqk-study run " + quote(plan.path) + "\n";
+  o.command = "build/examples/train/coupledqk-study run " + ct::shell_quote(plan.path) + "\n";
   std::string cmd;
-  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + quote(i == 0 ? "build/examples/train/coupledqk-study" : argv[i]);
+  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + ct::shell_quote(i == 0 ? "build/examples/train/coupledqk-study" : argv[i]);
   o.command += cmd;
   const auto files = cs::write_report(plan, store, o);
   std::cout << "wrote " << files.front() << " (" << store.results().size() << " of " << plan.runs.size()
@@ -245,7 +227,7 @@ bool train_one(const cs::Plan& plan, cs::Store& store, const cs::RunSpec& run, c
   r.dynamics_parameters = out.params.dynamics;
   r.threads = out.threads;
   r.device = out.device_name.empty() ? out.device : out.device_name;
-  r.machine = cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores";
+  r.machine = ct::cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores";
   std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
@@ -365,7 +347,7 @@ int run(const Common& c, const RunFlags& f) {
               << " s" << std::defaultfloat << std::endl;
   }
   std::cout << "all " << total << " runs " << (shard.second > 1 ? "of this shard " : "") << "finished; "
-            << "coupledqk-study report " << quote(plan.path) << " writes the report" << std::endl;
+            << "coupledqk-study report " << ct::shell_quote(plan.path) << " writes the report" << std::endl;
   return 0;
 }
 

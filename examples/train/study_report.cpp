@@ -27,20 +27,7 @@ std::string f(const char* format, double v) {
   return b;
 }
 
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_=./:,+@") ==
-                        std::string::npos)
-    return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
-std::string safe(std::string s) {
-  for (char& c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '-';
-  return s;
-}
 
 /// The estimate as text: "mean [lo, hi]" with the claim's unit.
 std::string show_estimate(const ClaimResult& r) {
@@ -123,7 +110,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     const Claim& c = *cr.claim;
     std::vector<ArmRef> arms{c.a, c.b};
     if (c.test == ClaimTest::shift) arms = {c.a, c.b, c.c, c.d};
-    const std::string name = "claim-" + safe(c.id);
+    const std::string name = "claim-" + file_safe(c.id);
     const fs::path tsv = stem / (name + ".tsv"), gp = stem / (name + ".gp"), png = stem / (name + ".png");
     std::ofstream data(tsv);
     int blocks = 0;
@@ -230,7 +217,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     for (const VariantSpec& v : g.variants) by_name[v.attention].push_back(&v);
     for (const auto& [name, vs] : by_name) {
       if (vs.size() < 2) continue;
-      const std::string base = "steps-" + safe(g.name) + "-" + safe(name);
+      const std::string base = "steps-" + file_safe(g.name) + "-" + file_safe(name);
       const fs::path tsv = stem / (base + ".tsv"), gp = stem / (base + ".gp"), png = stem / (base + ".png");
       std::ofstream data(tsv);
       data << "# steps\tmean valid ppl\tlo\thi\tseeds\n";
