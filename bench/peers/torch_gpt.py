@@ -29,7 +29,13 @@ import statistics
 import sys
 import time
 
-import torch
+# OpenBLAS on the kernels of this CPU (not its generic ones): before torch loads it.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import openblas  # noqa: E402
+
+OPENBLAS_CORE, OPENBLAS_HOW = openblas.use_proper_kernels()
+
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "parity"))
@@ -158,7 +164,8 @@ def main():
         print(json.dumps({"variant": variant, "steps": steps, "V": V, "D": D, "L": L, "H": H, "T": T, "B": B,
                           "ms": ms, "tokens_per_s": B * T / (ms / 1e3), "threads": args.threads,
                           "device": args.device, "dtype": args.dtype, "attention_impl": args.attention_impl,
-                          "params": sum(p.numel() for p in model.parameters()), "torch": torch.__version__}),
+                          "params": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
+                          "openblas_core": OPENBLAS_CORE}),
               flush=True)
 
 

@@ -16,7 +16,13 @@ import statistics
 import sys
 import time
 
-import torch
+# OpenBLAS on the kernels of this CPU (not its generic ones): before torch loads it.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import openblas  # noqa: E402
+
+OPENBLAS_CORE, OPENBLAS_HOW = openblas.use_proper_kernels()
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "parity"))
 import reference  # noqa: E402
@@ -68,7 +74,7 @@ def main():
             ms = time_ms(fn, args.reps)
             print(json.dumps({"variant": variant, "steps": steps, "B": B, "T": T, "D": D, "pass": name,
                               "ms": ms, "tokens_per_s": B * T / (ms / 1e3), "threads": args.threads,
-                              "torch": torch.__version__}), flush=True)
+                              "torch": torch.__version__, "openblas_core": OPENBLAS_CORE}), flush=True)
 
 
 if __name__ == "__main__":
