@@ -33,7 +33,10 @@ struct TanhMap {
                     TanhScratch<S>& ws) {
     act.resize(x.rows(), A.rows());
     gemm<S>(x, false, A, true, act);  // x A^T (core/gemm.hpp: kept packing buffers)
-    act.array() = (act.array().rowwise() + bias.transpose().array()).tanh();  // one pass
+    // one pass, row by row (a row expression is vectorised, tanh included; the same expression over
+    // the whole matrix with a replicated bias is not)
+    for (Index r = 0; r < act.rows(); ++r)
+      act.row(r).array() = (act.row(r).array() + bias.transpose().array()).tanh();
     y.resize(x.rows(), B.cols());
     if (scale) {
       ws.scaled_B.noalias() = scale->asDiagonal() * B;
@@ -64,7 +67,8 @@ struct TanhMap {
       gemm<S>(act, true, ybar, false, ws.act_ybar);  // G = act^T ybar
       dB.noalias() += scale->asDiagonal() * ws.act_ybar;
       dscale->noalias() += (B.array() * ws.act_ybar.array()).rowwise().sum().matrix();
-      ubar.array() = (ubar.array().rowwise() * scale->transpose().array()) * (S(1) - act.array().square());
+      for (Index r = 0; r < ubar.rows(); ++r)
+        ubar.row(r).array() *= scale->transpose().array() * (S(1) - act.row(r).array().square());
     } else {
       gemm<S>(act, true, ybar, false, dB, S(1), true);
       ubar.array() *= (S(1) - act.array().square());
