@@ -3,7 +3,10 @@
 
     bench/compare_builds.py --bin avx512=build/bench/coupledqk-bench \\
         --bin avx2=build-avx2/bench/coupledqk-bench --threads 2 --rounds 3 \\
-        --filter '^(sgemm/2048|layer/(standard|leapfrog)/1/fwdbwd/B4/T512/D512)$' [--min-time 0.5]
+        --filter '^(sgemm/2048|layer/(standard|leapfrog)/1/fwdbwd/B4/T512/D512)/' [--min-time 0.5]
+
+(Google Benchmark matches the filter against names that carry a suffix, e.g. /min_time:0.500/real_time:
+end a pattern with '/' rather than '$'.)
 
 For a comparison of builds (an AVX-512 build against one configured with -DCOUPLEDQK_NATIVE=OFF, or
 a branch against main) on a shared machine: every round runs each binary once on the cases, in a
