@@ -12,6 +12,9 @@ For a comparison of builds (an AVX-512 build against one configured with -DCOUPL
 a branch against main) on a shared machine: every round runs each binary once on the cases, in a
 rotated order, so that a change of load hits every binary alike; the table gives the median over
 rounds of each binary's time (ms; GFLOP/s for sgemm cases) and its ratio to the first binary's.
+--cpu-time reports the main thread's CPU time instead of wall time: on one thread (--threads 1) it
+is what a loaded machine disturbs least (other processes take turns on the cores, but they do not
+stretch the CPU time of this one much), so use it when other work is running.
 Prints Markdown, with the command, the CPU and the load before and after.
 """
 import argparse
@@ -22,7 +25,7 @@ import subprocess
 import sys
 
 
-def run(binary, threads, pattern, min_time):
+def run(binary, threads, pattern, min_time, cpu_time):
     cmd = [binary, "--threads", str(threads), f"--benchmark_filter={pattern}", "--benchmark_format=json",
            f"--benchmark_min_time={min_time}"]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -33,7 +36,10 @@ def run(binary, threads, pattern, min_time):
     rows = {}
     for b in json.loads(out.stdout)["benchmarks"]:
         name = b["name"].split("/min_time")[0].replace("/real_time", "")
-        rows[name] = b["GFLOPS"] if name.startswith("sgemm") else b["real_time"]
+        if name.startswith("sgemm"):  # GFLOP/s over wall time, or over CPU time
+            rows[name] = b["GFLOPS"] * (b["real_time"] / b["cpu_time"] if cpu_time else 1.0)
+        else:
+            rows[name] = b["cpu_time" if cpu_time else "real_time"]
     return rows, isa
 
 
@@ -44,6 +50,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--filter", required=True, help="Google Benchmark --benchmark_filter regex")
     ap.add_argument("--min-time", default="0.5")
+    ap.add_argument("--cpu-time", action="store_true", help="CPU time of the main thread instead of wall time")
     args = ap.parse_args()
     bins = []
     for b in args.bin:
@@ -57,7 +64,7 @@ def main():
     for r in range(args.rounds):
         order = bins[r % len(bins):] + bins[:r % len(bins)]
         for label, path in order:
-            rows, isas[label] = run(path, args.threads, args.filter, args.min_time)
+            rows, isas[label] = run(path, args.threads, args.filter, args.min_time, args.cpu_time)
             for name, value in rows.items():
                 times[label].setdefault(name, []).append(value)
     load_after = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -69,7 +76,8 @@ def main():
                 break
     print("```\n" + " ".join(["bench/compare_builds.py"] + [f"'{a}'" if "|" in a or "(" in a else a
                                                            for a in sys.argv[1:]]) + "\n```\n")
-    print(f"{cpu}, {os.cpu_count()} cores, {args.threads} threads, {args.rounds} rounds (median); "
+    print(f"{cpu}, {os.cpu_count()} cores, {args.threads} threads, {args.rounds} rounds (median of "
+          f"{'CPU' if args.cpu_time else 'wall'} times); "
           f"load average before {load_before}, after {load_after}.\n")
     for label, path in bins:
         print(f"- {label}: `{path}`, {isas[label]}")

@@ -63,7 +63,7 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
-def run_bench(binary, threads, pattern, min_time, peak):
+def run_bench(binary, threads, pattern, min_time, peak, cpu_time=False):
     cmd = [binary, "--threads", str(threads), "--peak-gflops", f"{peak:.1f}", f"--benchmark_filter={pattern}",
            "--benchmark_format=json", f"--benchmark_min_time={min_time}"]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -74,14 +74,21 @@ def run_bench(binary, threads, pattern, min_time, peak):
     isa = re.search(r"instruction set: (.*)", out.stderr)
     results = {}
     for b in data["benchmarks"]:
+        if cpu_time:  # rates over the thread's CPU time instead of wall time
+            f = b["real_time"] / b["cpu_time"]
+            for key in ("GFLOPS", "peak_frac", "tokens_per_s"):
+                if key in b:
+                    b[key] *= f
+            b["real_time"] = b["cpu_time"]
         results[b["name"].split("/min_time")[0].replace("/real_time", "")] = b
     info = {"own_sgemm": float(own.group(1)) if own else float("nan"),
             "isa": isa.group(1).strip() if isa else "unknown"}
     return results, info, " ".join(cmd)
 
 
-def run_torch(threads, cases, reps):
+def run_torch(threads, cases, reps, cpu_time=False):
     cmd = [sys.executable, os.path.join(HERE, "torch_layer.py"), "--threads", str(threads), "--reps", str(reps)]
+    cmd += ["--cpu-time"] if cpu_time else []
     for c in cases:
         cmd += ["--case", c]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
@@ -90,8 +97,9 @@ def run_torch(threads, cases, reps):
     return {(r["variant"], r["steps"], r["T"], r["pass"]): r for r in rows}
 
 
-def run_torch_gpt(threads, reps):
+def run_torch_gpt(threads, reps, cpu_time=False):
     cmd = [sys.executable, os.path.join(HERE, "torch_gpt.py"), "--threads", str(threads), "--reps", str(reps)]
+    cmd += ["--cpu-time"] if cpu_time else []
     for _, shape in GPT_SHAPES:
         for v, s in GPT_VARIANTS:
             cmd += ["--case", ":".join(str(x) for x in (v, s) + shape)]
@@ -113,7 +121,13 @@ def main():
     ap.add_argument("--gpt-min-time", default="3.0", help="Google Benchmark --benchmark_min_time for the GPT steps "
                     "(seconds of timed steps per case, at least one step)")
     ap.add_argument("--no-gpt", action="store_true", help="layers only")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="with --threads 1: every time and rate over CPU time (the benchmark thread's, the "
+                    "PyTorch and numpy processes'), which a loaded machine disturbs far less than wall time")
     args = ap.parse_args()
+    if args.cpu_time and args.threads != 1:
+        sys.exit(f"side_by_side: --cpu-time needs --threads 1 (CPU time sums over threads); got --threads {args.threads}")
+    ct = args.cpu_time
     binary = os.path.join(args.build, "bench", "coupledqk-bench")
     B, T, D = SHAPE
 
@@ -128,18 +142,18 @@ def main():
     pattern = "^(sgemm/2048|sgemm-eigen/2048|" + "|".join(sorted(set(names))) + ")"
     load_before = load_average()
     core, core_how = openblas.use_proper_kernels()  # before any child loads OpenBLAS
-    blas = openblas.sgemm_gflops(2048, args.threads, 3.0)
+    blas = openblas.sgemm_gflops(2048, args.threads, 3.0, ct)
     peak = blas["gflops"]
-    ours, info, bench_cmd = run_bench(binary, args.threads, pattern, args.min_time, peak)
+    ours, info, bench_cmd = run_bench(binary, args.threads, pattern, args.min_time, peak, ct)
     torch_cases = sorted({f"{v}:{s}:{B}:{T}:{D}" for v, s in LAYER_CASES} |
                          {f"{v}:1:{B}:{t}:{D}" for t in FORWARD_T for v in ("standard", "leapfrog")})
-    theirs = run_torch(args.threads, torch_cases, args.reps)
+    theirs = run_torch(args.threads, torch_cases, args.reps, ct)
     gpt_ours, gpt_theirs, gpt_cmd, gpt_info = {}, {}, "", info
     if not args.no_gpt:
         gpt_pattern = "^(" + "|".join(gpt_name(v, st, sh) for _, sh in GPT_SHAPES for v, st in GPT_VARIANTS) + ")"
-        gpt_ours, gpt_info, gpt_cmd = run_bench(binary, args.threads, gpt_pattern, args.gpt_min_time, peak)
-        gpt_theirs = run_torch_gpt(args.threads, args.gpt_reps)
-    blas_after = openblas.sgemm_gflops(2048, args.threads, 3.0)
+        gpt_ours, gpt_info, gpt_cmd = run_bench(binary, args.threads, gpt_pattern, args.gpt_min_time, peak, ct)
+        gpt_theirs = run_torch_gpt(args.threads, args.gpt_reps, ct)
+    blas_after = openblas.sgemm_gflops(2048, args.threads, 3.0, ct)
     load_after = load_average()
     lib = ours.get("sgemm/2048")
     lib_gflops = lib["GFLOPS"] if lib else info["own_sgemm"]
@@ -167,6 +181,9 @@ def main():
                  f"The library's own SGEMM (`coupledqk::gemm`, same size and threads) in the same run: "
                  f"**{lib_gflops:.1f} GFLOP/s = {100 * lib_gflops / peak:.0f}% of OpenBLAS**; Eigen's own product "
                  f"driver: {eig_gflops:.1f} GFLOP/s.\n")
+    if ct:
+        lines.append("Every time and rate below is over **CPU time** (`--cpu-time`): the benchmark thread's for "
+                     "coupledqk, the process's for PyTorch and numpy, all on one thread.\n")
     lines.append("The machine is shared and noisy: compare the ratios within one run, not absolute times across runs.\n")
     lines.append(f"## Attention layer, B={B}, T={T}, D={D}, head size 64\n")
     lines.append("| variant | steps | pass | coupledqk ms | tokens/s | GFLOP/s | % peak | PyTorch ms | PyTorch / coupledqk |")
