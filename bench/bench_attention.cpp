@@ -1,9 +1,13 @@
 // Benchmarks of the attention layer on the CPU (Google Benchmark).
 //
-//     coupledqk-bench [--threads N] [google benchmark flags, e.g. --benchmark_filter=leapfrog/1/softmax/T512]
+//     coupledqk-bench [--threads N] [--peak-gflops G] [google benchmark flags, e.g. --benchmark_filter=leapfrog/1/fwd]
 //
-// Every case reports GFLOP/s of useful work ("GFLOPS") and its fraction of the machine's peak
-// ("peak_frac"), the peak being a large Eigen SGEMM measured by this binary on the same threads.
+// Every case reports GFLOP/s of useful work ("GFLOPS") and its fraction of a peak ("peak_frac"). The
+// binary measures the library's own SGEMM (coupledqk::gemm, the driver every product of the model
+// goes through: 2048 x 2048 x 2048 float on the same threads) and prints it; the peak is that figure
+// unless --peak-gflops gives the machine's (bench/peers/side_by_side.py passes OpenBLAS's SGEMM on
+// the CPU's own kernels, bench/peers/openblas.py), so that peak_frac is a fraction of what the
+// machine can do rather than of what this library's GEMM does.
 // Names: layer/<variant>/<steps>/<pass>/B<B>/T<T>/D<D> with pass fwd or fwdbwd; the GPT training
 // step cases (gpt/...) are in bench_gpt.cpp.
 #include <benchmark/benchmark.h>
@@ -26,15 +30,15 @@ using coupledqk_bench::forward_flops;
 
 namespace {
 
-// C = A B with A, B, C [n, n] float: 2 n^3 flops.
+// C = A B with A, B, C [n, n] float through coupledqk::gemm: 2 n^3 flops.
 double measure_sgemm_gflops(int n, double seconds) {
   cqk::Matrix<float> a = cqk::Matrix<float>::Random(n, n), b = cqk::Matrix<float>::Random(n, n), c(n, n);
-  c.noalias() = a * b;  // warm-up
+  cqk::gemm<float>(a, false, b, false, c);  // warm-up (sizes the packing buffers)
   int reps = 0;
   const auto t0 = std::chrono::steady_clock::now();
   double elapsed = 0;
   do {
-    c.noalias() = a * b;
+    cqk::gemm<float>(a, false, b, false, c);
     ++reps;
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } while (elapsed < seconds);
@@ -71,39 +75,79 @@ void layer_benchmark(benchmark::State& state, std::string variant, int steps, bo
   state.SetLabel(std::to_string(cqk::max_threads()) + " threads");
 }
 
-void sgemm_benchmark(benchmark::State& state) {
+// The library's SGEMM (coupledqk::gemm), and Eigen's own product driver beside it.
+void sgemm_benchmark(benchmark::State& state, bool eigen_driver) {
   const int n = static_cast<int>(state.range(0));
   cqk::Matrix<float> a = cqk::Matrix<float>::Random(n, n), b = cqk::Matrix<float>::Random(n, n), c(n, n);
   for (auto _ : state) {
-    c.noalias() = a * b;
+    if (eigen_driver)
+      c.noalias() = a * b;
+    else
+      cqk::gemm<float>(a, false, b, false, c);
     benchmark::DoNotOptimize(c.data());
   }
-  state.counters["GFLOPS"] = benchmark::Counter(2.0 * n * n * double(n) / 1e9,
-                                                benchmark::Counter::kIsIterationInvariantRate);  // real time
+  const double gflops_per_iteration = 2.0 * n * n * double(n) / 1e9;
+  state.counters["GFLOPS"] = benchmark::Counter(gflops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_frac"] =
+      benchmark::Counter(gflops_per_iteration / g_peak_gflops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --threads N (ours): OpenMP threads for Eigen and the attention loops.
+  // --threads N (ours): OpenMP threads for Eigen and the attention loops. --peak-gflops G (ours): the
+  // machine's SGEMM peak to divide by (default: the library's SGEMM measured here).
   std::vector<char*> args;
+  double given_peak = 0;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      const int threads = std::atoi(argv[++i]);
+      if (threads < 1) {
+        std::fprintf(stderr, "coupledqk-bench: --threads must be a positive integer; got '%s'\n", argv[i]);
+        return 2;
+      }
 #ifdef _OPENMP
-      omp_set_num_threads(std::atoi(argv[++i]));
-#else
-      ++i;
+      omp_set_num_threads(threads);
 #endif
+      continue;
+    }
+    if (std::strcmp(argv[i], "--peak-gflops") == 0 && i + 1 < argc) {
+      given_peak = std::atof(argv[++i]);
+      if (!(given_peak > 0)) {
+        std::fprintf(stderr, "coupledqk-bench: --peak-gflops must be a positive number (GFLOP/s); got '%s'\n",
+                     argv[i]);
+        return 2;
+      }
       continue;
     }
     args.push_back(argv[i]);
   }
   int n = static_cast<int>(args.size());
-  g_peak_gflops = measure_sgemm_gflops(2048, 2.0);
-  std::fprintf(stderr, "coupledqk-bench: SGEMM peak %.1f GFLOP/s on %d threads (Eigen, n = 2048)\n", g_peak_gflops,
+  const double own = measure_sgemm_gflops(2048, 2.0);
+  g_peak_gflops = given_peak > 0 ? given_peak : own;
+  std::fprintf(stderr, "coupledqk-bench: library SGEMM %.1f GFLOP/s on %d threads (coupledqk::gemm, n = 2048)\n", own,
                cqk::max_threads());
+#if defined(EIGEN_VECTORIZE_AVX512)
+  const char* isa = "AVX-512";
+#elif defined(EIGEN_VECTORIZE_AVX2) && defined(EIGEN_VECTORIZE_FMA)
+  const char* isa = "AVX2 + FMA";
+#elif defined(EIGEN_VECTORIZE_AVX)
+  const char* isa = "AVX";
+#elif defined(EIGEN_VECTORIZE_SSE2)
+  const char* isa = "SSE2";
+#else
+  const char* isa = "no SIMD";
+#endif
+  std::fprintf(stderr, "coupledqk-bench: instruction set: %s (Eigen packets of %d floats)\n", isa,
+               static_cast<int>(Eigen::internal::packet_traits<float>::size));
+  std::fprintf(stderr, "coupledqk-bench: SGEMM peak %.1f GFLOP/s (%s)\n", g_peak_gflops,
+               given_peak > 0 ? "--peak-gflops" : "the library's SGEMM above");
 
-  benchmark::RegisterBenchmark("sgemm", sgemm_benchmark)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("sgemm", sgemm_benchmark, false)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
+  benchmark::RegisterBenchmark("sgemm-eigen", sgemm_benchmark, true)
+      ->Arg(2048)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
   for (const std::string& v : cqk::attention_names())
     for (int steps : {1, 3}) {
       const bool has_dynamics = cqk::with_variant(v, 1, [](auto integrator, auto) {

@@ -11,8 +11,9 @@
 //   - the paper's model shape, D=512, L=8, H=8, T=512 with V=8192 and B=4 (2048 tokens, as the main
 //     job's step; about 3 s per step on 2 cores).
 // Counters: tokens_per_s, GFLOPS (useful work, formula below, over wall time), peak_frac (GFLOPS
-// over the SGEMM peak this binary measures), allocs_per_step (heap allocations inside the timed
-// steps: this executable counts every malloc, see tests/support/malloc_counter.hpp; 0 expected).
+// over the SGEMM peak: the library's SGEMM measured by this binary, or --peak-gflops),
+// allocs_per_step (heap allocations inside the timed steps: this executable counts every malloc,
+// see tests/support/malloc_counter.hpp; 0 expected).
 #define COUPLEDQK_DEFINE_MALLOC_COUNTER
 #include "malloc_counter.hpp"
 

@@ -8,7 +8,8 @@
 
 namespace coupledqk_bench {
 
-/// A 2048 x 2048 Eigen SGEMM on the benchmark's threads, in GFLOP/s: measured once in main().
+/// The SGEMM peak in GFLOP/s that peak_frac divides by: the library's own 2048 x 2048 SGEMM on the
+/// benchmark's threads, measured once in main(), or the machine's given by --peak-gflops.
 inline double g_peak_gflops = 0;
 
 /// Useful floating-point work of one attention layer forward: bench/flops.hpp (shared with the

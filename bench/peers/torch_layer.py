@@ -16,7 +16,13 @@ import statistics
 import sys
 import time
 
-import torch
+# OpenBLAS on the kernels of this CPU (not its generic ones): before torch loads it.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import openblas  # noqa: E402
+
+OPENBLAS_CORE, OPENBLAS_HOW = openblas.use_proper_kernels()
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "parity"))
 import reference  # noqa: E402
@@ -32,13 +38,17 @@ def make_case(variant, steps, B, T, D, generator):
     return tensors, meta
 
 
+# --cpu-time: the process's CPU time instead of wall time (meaningful on one thread, on a loaded machine)
+CLOCK = time.perf_counter
+
+
 def time_ms(fn, reps):
     fn()  # warm-up
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append((CLOCK() - t0) * 1e3)
     return statistics.median(times)
 
 
@@ -47,7 +57,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--case", action="append", required=True, help="variant:steps:B:T:D")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cpu-time", action="store_true", help="time by the process's CPU time (use with --threads 1)")
     args = ap.parse_args()
+    global CLOCK
+    if args.cpu_time:
+        CLOCK = time.process_time
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     for case in args.case:
@@ -68,7 +82,7 @@ def main():
             ms = time_ms(fn, args.reps)
             print(json.dumps({"variant": variant, "steps": steps, "B": B, "T": T, "D": D, "pass": name,
                               "ms": ms, "tokens_per_s": B * T / (ms / 1e3), "threads": args.threads,
-                              "torch": torch.__version__}), flush=True)
+                              "torch": torch.__version__, "openblas_core": OPENBLAS_CORE}), flush=True)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,55 @@ TEST_CASE("the row kernels give the same bits on one thread and on all threads")
   CHECK(one.probs == many.probs);
 }
 
+TEST_CASE("AdamW and the global gradient norm give the same bits on one thread and on all threads") {
+  // Several pieces per tensor (optimiser_pieces), a decayed matrix and a vector, and a norm above
+  // the clipping threshold so that the norm's bits reach the parameters through the clip factor.
+  Rng rng(9);
+  const Index rows = 3 * adamw_piece / 256 + 1, cols = 256, n = 2 * adamw_piece + 77;
+  struct State {
+    Matrix<float> W;
+    Vector<float> b;
+  };
+  Matrix<float> gW(rows, cols);
+  Vector<float> gb(n);
+  rng.fill_normal(gW, 1.0);
+  rng.fill_normal(gb, 1.0);
+  State init{Matrix<float>(rows, cols), Vector<float>(n)};
+  rng.fill_normal(init.W, 0.1);
+  rng.fill_normal(init.b, 0.1);
+  struct Out {
+    Matrix<float> W;
+    Vector<float> b;
+    std::vector<std::vector<float>> state;
+    double norm = 0;
+  };
+  auto run = [&] {
+    Out o{init.W, init.b, {}, 0};
+    std::vector<TensorView<float>> params{{"W", {rows, cols}, o.W.data()}, {"b", {n}, o.b.data()}};
+    std::vector<TensorView<float>> grads{{"W", {rows, cols}, gW.data()}, {"b", {n}, gb.data()}};
+    AdamW<float> opt(params, grads, optimiser());
+    for (int step = 0; step < 3; ++step) o.norm = opt.step().grad_norm;
+    for (const auto& t : opt.state()) o.state.emplace_back(t.data, t.data + t.size());
+    return o;
+  };
+  const int all = max_threads();
+#if defined(_OPENMP)
+  omp_set_num_threads(1);
+#endif
+  const Out one = run();
+#if defined(_OPENMP)
+  omp_set_num_threads(all);
+#endif
+  const Out many = run();
+  MESSAGE("AdamW: 1 thread against ", all);
+  CHECK(one.norm > 1.0);  // clipped
+  CHECK(one.norm == many.norm);
+  CHECK(one.W == many.W);
+  CHECK(one.b == many.b);
+  CHECK(one.state == many.state);
+  CHECK(one.W != init.W);  // the optimiser did something
+}
+
 TEST_CASE("a reused tape gives the same bits as a fresh tape every step") {
   use_all_threads();
   check_identical(full_run(false), full_run(true));

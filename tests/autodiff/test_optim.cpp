@@ -259,3 +259,30 @@ TEST_CASE("bad optimiser configurations and mismatched lists are rejected") {
   CHECK_THROWS_WITH_AS(AdamW<double>(toy.params(), grads, constant_lr(0.1)),
                        Contains("2 parameter tensors but 1 gradient tensors"), coupledqk::invalid_argument);
 }
+
+TEST_CASE("global norm: the fixed pieces cover every entry once (against a plain long double sum)") {
+  // Sizes around the piece length: one piece, exactly one, one entry more, several with a tail
+  // that is not a multiple of the eight accumulators.
+  Rng rng(11);
+  std::vector<Vector<float>> data;
+  for (Index n : {Index(1), Index(7), adamw_piece, adamw_piece + 1, 3 * adamw_piece + 13}) {
+    data.emplace_back(n);
+    rng.fill_normal(data.back(), 1.0);
+  }
+  std::vector<TensorView<float>> views;
+  long double plain = 0;
+  for (std::size_t k = 0; k < data.size(); ++k) {
+    views.push_back({"t" + std::to_string(k), {data[k].size()}, data[k].data()});
+    for (Index i = 0; i < data[k].size(); ++i) plain += static_cast<long double>(data[k][i]) * data[k][i];
+  }
+  const auto pieces = optimiser_pieces(views);
+  CHECK(pieces.size() == 1 + 1 + 1 + 2 + 4);
+  Index covered = 0;
+  for (const auto& p : pieces) covered += p.size;
+  CHECK(covered == 1 + 7 + adamw_piece + adamw_piece + 1 + 3 * adamw_piece + 13);
+  const double norm = global_norm(views);
+  CHECK(norm == doctest::Approx(std::sqrt(static_cast<double>(plain))).epsilon(1e-12));
+  // one entry changed anywhere (here: the tail of the last piece) changes the norm
+  data.back()[data.back().size() - 1] += 100.0f;
+  CHECK(global_norm(views) > norm + 1.0);
+}

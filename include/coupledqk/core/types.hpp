@@ -32,7 +32,8 @@ using BlockRef = Eigen::Ref<Matrix<S>, 0, Eigen::OuterStride<>>;
 
 /// What the backward of the dynamics keeps from the forward.
 enum class DynamicsMemory {
-  store,      ///< keep the state before every sub-step (any integrator)
+  store,      ///< keep the state before every sub-step (any integrator); splitting methods also keep
+              ///< each stage's field and activations, so their backward evaluates no field again
   recompute,  ///< keep nothing; rebuild the states by running the flow backwards (reversible only)
 };
 

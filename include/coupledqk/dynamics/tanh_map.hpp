@@ -18,27 +18,30 @@ namespace coupledqk {
 /// allocate nothing once the sizes are settled.
 template <class S>
 struct TanhScratch {
-  Matrix<S> scaled;  // scale * act [P, r]
-  Matrix<S> ubar;    // [P, r]
+  Matrix<S> scaled_B;  // diag(scale) B [r, d]: the scale folded into the small matrix, not into act
+  Matrix<S> act_ybar;  // act^T ybar [r, d]
+  Matrix<S> ubar;      // [P, r]
 };
 
 template <class S>
 struct TanhMap {
   /// Forward. `act` receives tanh(x A^T + bias) [P, r] (needed by vjp); `y` is written (=).
-  /// `scale` may be null (all ones).
+  /// `scale` may be null (all ones). y = act (diag(scale) B): the scale multiplies the [r, d] matrix,
+  /// so no [P, r] pass is spent on it.
   static void apply(const ConstMatrixRef<S>& x, const Matrix<S>& A, const Vector<S>& bias,
                     const Vector<S>* scale, const Matrix<S>& B, Matrix<S>& act, Matrix<S>& y,
                     TanhScratch<S>& ws) {
     act.resize(x.rows(), A.rows());
     gemm<S>(x, false, A, true, act);  // x A^T (core/gemm.hpp: kept packing buffers)
+    // Two passes over whole matrices, both vectorised: Eigen does not vectorise the one-pass form
+    // with a replicated bias (its tanh then runs scalar, 9x slower).
     act.rowwise() += bias.transpose();
     act = act.array().tanh();
+    y.resize(x.rows(), B.cols());
     if (scale) {
-      ws.scaled = (act.array().rowwise() * scale->transpose().array()).matrix();
-      y.resize(x.rows(), B.cols());
-      gemm<S>(ws.scaled, false, B, false, y);
+      ws.scaled_B.noalias() = scale->asDiagonal() * B;
+      gemm<S>(act, false, ws.scaled_B, false, y);
     } else {
-      y.resize(x.rows(), B.cols());
       gemm<S>(act, false, B, false, y);
     }
   }
@@ -46,6 +49,10 @@ struct TanhMap {
   /// Vector-Jacobian product for the cotangent `ybar` [P, d] of y, given x and the `act` that apply
   /// returned. Accumulates (+=) into xbar [P, d], dA [r, d], dbias [r], dscale [r] (when scale is
   /// not null) and dB [r, d]. Pass the same matrix for dA and dB when A and B are tied.
+  ///
+  /// With G = act^T ybar [r, d]: dB += diag(scale) G, dscale_j += sum_i B_ji G_ji (both [r, d] work
+  /// instead of [P, r] passes), and the cotangent of the pre-activation is
+  /// ubar = (ybar B^T) * scale * (1 - act^2).
   static void vjp(const ConstMatrixRef<S>& x, const Matrix<S>& act, const Matrix<S>& A,
                   const Vector<S>* scale, const Matrix<S>& B, const ConstMatrixRef<S>& ybar,
                   MatrixRef<S> xbar, Matrix<S>& dA, Vector<S>& dbias, Vector<S>* dscale,
@@ -54,15 +61,16 @@ struct TanhMap {
     Matrix<S>& ubar = ws.ubar;
     ubar.resize(ybar.rows(), B.rows());
     gemm<S>(ybar, false, B, true, ubar);
+    // through tanh: d/dz tanh(z) = 1 - tanh(z)^2
     if (scale) {
-      ws.scaled = (act.array().rowwise() * scale->transpose().array()).matrix();
-      gemm<S>(ws.scaled, true, ybar, false, dB, S(1), true);  // dB += (scale act)^T ybar
-      dscale->noalias() += (ubar.array() * act.array()).colwise().sum().matrix().transpose();
+      ws.act_ybar.resize(act.cols(), ybar.cols());
+      gemm<S>(act, true, ybar, false, ws.act_ybar);  // G = act^T ybar
+      dB.noalias() += scale->asDiagonal() * ws.act_ybar;
+      dscale->noalias() += (B.array() * ws.act_ybar.array()).rowwise().sum().matrix();
       ubar.array().rowwise() *= scale->transpose().array();
     } else {
       gemm<S>(act, true, ybar, false, dB, S(1), true);
     }
-    // through tanh: d/dz tanh(z) = 1 - tanh(z)^2
     ubar.array() *= (S(1) - act.array().square());
     dbias.noalias() += ubar.colwise().sum().transpose();
     gemm<S>(ubar, true, x, false, dA, S(1), true);  // dA += ubar^T x

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstddef>
+#include <vector>
 
 #include "../dynamics/hamiltonian.hpp"
 #include "policy.hpp"
@@ -57,7 +58,11 @@ constexpr SplittingPlan<K, N> make_splitting_plan(const std::array<Stage, K>& on
 }
 
 /// The buffers of a splitting method: sub-step sizes, the current field and its cotangent, the
-/// states while walking backwards (recompute mode) and the Hamiltonian's workspace.
+/// states while walking backwards (recompute mode) and the Hamiltonian's workspace. In store mode
+/// it also keeps, per stage, what the forward's gradient evaluation produced: the gradient itself
+/// (stage_g, [P, d]) and the Hamiltonian's workspace of that call (stage_ham: for the tanh
+/// Hamiltonian the activations tanh(W q + b) [P, m]), so that the backward does not evaluate the
+/// field again (about a quarter of the dynamics' backward work for leapfrog).
 template <class S, class Ham>
 struct SplittingScratch {
   Vector<S> h;     // [P] sub-step sizes
@@ -65,39 +70,43 @@ struct SplittingScratch {
   Matrix<S> bar;   // [P, d] its cotangent
   Matrix<S> q, k;  // [P, d] states (recompute mode)
   typename Ham::template workspace<S> ham;
+  std::vector<Matrix<S>> stage_g;                             // store mode: per stage
+  std::vector<typename Ham::template workspace<S>> stage_ham;  // store mode: per stage
 };
 
 namespace detail {
 
 /// One stage, forward: the argument of its gradient is `arg` (q for a kick, k for a drift) and it
-/// moves `moved` (k for a kick, q for a drift). ws.g receives the gradient.
+/// moves `moved` (k for a kick, q for a drift). g receives the gradient, ham the Hamiltonian's
+/// workspace of that evaluation (what its vjp needs).
 template <class Ham, class S, class P>
 void splitting_stage(const P& p, const Stage& st, const ConstMatrixRef<S>& arg, MatrixRef<S> moved, S direction,
-                     SplittingScratch<S, Ham>& ws) {
+                     const Vector<S>& h, Matrix<S>& g, typename Ham::template workspace<S>& ham) {
   if (st.kind == StageKind::kick) {
-    Ham::template grad_potential<S>(p, arg, ws.g, ws.ham);
-    moved.array() -= (direction * S(st.coef)) * (ws.g.array().colwise() * ws.h.array());
+    Ham::template grad_potential<S>(p, arg, g, ham);
+    moved.array() -= (direction * S(st.coef)) * (g.array().colwise() * h.array());
   } else {
-    Ham::template grad_kinetic<S>(p, arg, ws.g, ws.ham);
-    moved.array() += (direction * S(st.coef)) * (ws.g.array().colwise() * ws.h.array());
+    Ham::template grad_kinetic<S>(p, arg, g, ham);
+    moved.array() += (direction * S(st.coef)) * (g.array().colwise() * h.array());
   }
 }
 
-/// One stage, backward. ws.g and ws.ham hold grad V(arg) or grad T(arg) and its activations;
-/// dmoved is the cotangent of the moved state (unchanged by the stage), darg accumulates.
+/// One stage, backward. g and ham hold grad V(arg) or grad T(arg) and its workspace; dmoved is the
+/// cotangent of the moved state (unchanged by the stage), darg accumulates.
 template <class Ham, class S, class P>
 void splitting_stage_vjp(const P& p, const Stage& st, S inv_steps, const ConstMatrixRef<S>& arg,
                          const ConstMatrixRef<S>& dmoved, MatrixRef<S> darg, P& grad, Vector<S>& dtau,
+                         const Matrix<S>& g, typename Ham::template workspace<S>& ham,
                          SplittingScratch<S, Ham>& ws) {
   // kick: moved = k - c h g  -> sign -1 ; drift: moved = q + c h g -> sign +1
   const S sign = st.kind == StageKind::kick ? S(-1) : S(1);
   const S c = sign * S(st.coef);
-  dtau.noalias() += (c * inv_steps) * row_dot<S>(dmoved, ws.g);
+  dtau.noalias() += (c * inv_steps) * row_dot<S>(dmoved, g);
   ws.bar = c * (dmoved.array().colwise() * ws.h.array()).matrix();
   if (st.kind == StageKind::kick)
-    Ham::template grad_potential_vjp<S>(p, arg, ws.ham, ws.bar, darg, grad);
+    Ham::template grad_potential_vjp<S>(p, arg, ham, ws.bar, darg, grad);
   else
-    Ham::template grad_kinetic_vjp<S>(p, arg, ws.ham, ws.bar, darg, grad);
+    Ham::template grad_kinetic_vjp<S>(p, arg, ham, ws.bar, darg, grad);
 }
 
 }  // namespace detail
@@ -135,15 +144,23 @@ struct SymplecticSplitting {
     scratch<S>& ws = keep ? keep->scratch : local;
     ws.h = tau / S(Steps);
     const bool store = keep != nullptr && memory == DynamicsMemory::store;
-    if (keep) keep->states.resize(store ? static_cast<std::size_t>(plan.size) : 0);
+    const auto stages = static_cast<std::size_t>(store ? plan.size : 0);
+    if (keep) {
+      keep->states.resize(stages);
+      ws.stage_g.resize(stages);  // kept from call to call: no allocation once sized
+      ws.stage_ham.resize(stages);
+    }
     for (int i = 0; i < plan.size; ++i) {
       const Stage& st = plan.stage[i];
       const bool kick = st.kind == StageKind::kick;
-      if (store) keep->states[static_cast<std::size_t>(i)] = kick ? q : k;  // same size: no allocation
+      const auto si = static_cast<std::size_t>(i);
+      if (store) keep->states[si] = kick ? q : k;  // same size: no allocation
+      Matrix<S>& g = store ? ws.stage_g[si] : ws.g;
+      auto& ham = store ? ws.stage_ham[si] : ws.ham;
       if (kick)
-        detail::splitting_stage<Ham, S>(p, st, q, k, S(1), ws);
+        detail::splitting_stage<Ham, S>(p, st, q, k, S(1), ws.h, g, ham);
       else
-        detail::splitting_stage<Ham, S>(p, st, k, q, S(1), ws);
+        detail::splitting_stage<Ham, S>(p, st, k, q, S(1), ws.h, g, ham);
     }
   }
 
@@ -156,7 +173,8 @@ struct SymplecticSplitting {
     ws.h = tau / S(Steps);
     const S inv_steps = S(1) / S(Steps);
     const bool recompute = memory == DynamicsMemory::recompute;
-    require(recompute || static_cast<int>(keep.states.size()) == plan.size,
+    require(recompute || (static_cast<int>(keep.states.size()) == plan.size &&
+                          static_cast<int>(ws.stage_g.size()) == plan.size),
             "SymplecticSplitting::backward: the forward kept ", keep.states.size(),
             " states, expected ", plan.size, " (was forward run with a trace in store mode?)");
     Matrix<S>&q = ws.q, &k = ws.k;  // current states while walking backwards (recompute mode only)
@@ -167,25 +185,23 @@ struct SymplecticSplitting {
     for (int i = plan.size - 1; i >= 0; --i) {
       const Stage& st = plan.stage[i];
       const bool kick = st.kind == StageKind::kick;
+      const auto si = static_cast<std::size_t>(i);
       if (recompute) {
         // Undo the stage: its argument is unchanged by it, so g is also what the vjp needs.
         if (kick)
-          detail::splitting_stage<Ham, S>(p, st, q, k, S(-1), ws);
+          detail::splitting_stage<Ham, S>(p, st, q, k, S(-1), ws.h, ws.g, ws.ham);
         else
-          detail::splitting_stage<Ham, S>(p, st, k, q, S(-1), ws);
-      } else {
-        const Matrix<S>& arg = keep.states[static_cast<std::size_t>(i)];
-        if (kick)
-          Ham::template grad_potential<S>(p, arg, ws.g, ws.ham);
-        else
-          Ham::template grad_kinetic<S>(p, arg, ws.g, ws.ham);
+          detail::splitting_stage<Ham, S>(p, st, k, q, S(-1), ws.h, ws.g, ws.ham);
       }
+      // Store mode: the argument, its gradient and the Hamiltonian's workspace as the forward left them.
       const ConstMatrixRef<S> arg = recompute ? (kick ? ConstMatrixRef<S>(q) : ConstMatrixRef<S>(k))
-                                              : ConstMatrixRef<S>(keep.states[static_cast<std::size_t>(i)]);
+                                              : ConstMatrixRef<S>(keep.states[si]);
+      const Matrix<S>& g = recompute ? ws.g : ws.stage_g[si];
+      auto& ham = recompute ? ws.ham : ws.stage_ham[si];
       if (kick)
-        detail::splitting_stage_vjp<Ham, S>(p, st, inv_steps, arg, dk, dq, grad, dtau, ws);
+        detail::splitting_stage_vjp<Ham, S>(p, st, inv_steps, arg, dk, dq, grad, dtau, g, ham, ws);
       else
-        detail::splitting_stage_vjp<Ham, S>(p, st, inv_steps, arg, dq, dk, grad, dtau, ws);
+        detail::splitting_stage_vjp<Ham, S>(p, st, inv_steps, arg, dq, dk, grad, dtau, g, ham, ws);
     }
   }
 };
