@@ -25,6 +25,7 @@
 
 #include "distributed.hpp"
 #include "trainer.hpp"
+#include "variant_spec.hpp"
 
 namespace ct = coupledqk::train;
 namespace fs = std::filesystem;
@@ -35,11 +36,7 @@ using coupledqk::Index;
 
 namespace {
 
-struct Variant {
-  std::string label;      ///< as given: "leapfrog:3"
-  std::string attention;  ///< "leapfrog"
-  int steps = 1;
-};
+using Variant = ct::VariantSpec;
 
 /// "standard,leapfrog:3" -> variants; invalid_argument for an empty item, a bad step count or a
 /// repeated label. (Unknown names are reported by preflight, with the accepted list.)
@@ -53,19 +50,7 @@ std::vector<Variant> parse_variants(const std::string& list) {
     if (item.empty())
       throw coupledqk::invalid_argument("--variants '" + list + "' has an empty item; expected names with an optional "
                                         ":steps, separated by commas (e.g. standard,leapfrog:3)");
-    Variant v;
-    v.label = item;
-    const auto colon = item.find(':');
-    v.attention = item.substr(0, colon);
-    if (colon != std::string::npos) {
-      const std::string s = item.substr(colon + 1);
-      char* end = nullptr;
-      const long n = std::strtol(s.c_str(), &end, 10);
-      if (s.empty() || *end != '\0' || n < 1 || n > coupledqk::max_steps)
-        throw coupledqk::invalid_argument("--variants: '" + item + "' has step count '" + s + "'; expected 1.." +
-                                          std::to_string(coupledqk::max_steps));
-      v.steps = static_cast<int>(n);
-    }
+    Variant v = ct::parse_variant_spec(item, "--variants");
     for (const Variant& o : out)
       if (o.label == v.label) throw coupledqk::invalid_argument("--variants: '" + v.label + "' is listed twice");
     out.push_back(v);

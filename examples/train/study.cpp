@@ -180,19 +180,7 @@ ArmRef parse_arm(const json& j, const char* key, const std::string& where) {
 }  // namespace
 
 VariantSpec parse_variant(const std::string& text, const std::string& where) {
-  VariantSpec v;
-  v.label = text;
-  const auto colon = text.find(':');
-  v.attention = text.substr(0, colon);
-  if (colon != std::string::npos) {
-    const std::string s = text.substr(colon + 1);
-    char* end = nullptr;
-    const long n = std::strtol(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || n < 1 || n > max_steps)
-      throw invalid_argument(where + ": variant '" + text + "' has step count '" + s + "'; expected 1.." +
-                             std::to_string(max_steps));
-    v.steps = static_cast<int>(n);
-  }
+  VariantSpec v = parse_variant_spec(text, where);
   if (!builtin_variants.contains(v.attention))
     throw invalid_argument(where + ": unknown attention variant '" + v.attention + "'; accepted: " +
                            builtin_variants.names_joined());

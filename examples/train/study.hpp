@@ -19,15 +19,11 @@
 #include <vector>
 
 #include "trainer.hpp"
+#include "variant_spec.hpp"
 
 namespace coupledqk::train::study {
 
-/// One variant of a group: a registry name with an optional ":steps" ("leapfrog:3").
-struct VariantSpec {
-  std::string label;      ///< as written in the plan
-  std::string attention;  ///< "leapfrog"
-  int steps = 1;
-};
+using VariantSpec = train::VariantSpec;  ///< a group's variant: "leapfrog:3" (variant_spec.hpp)
 
 /// "leapfrog:3" -> {label, attention, steps}; invalid_argument for a bad step count. (The name is
 /// checked against the registry by validate_plan.)
