@@ -129,7 +129,7 @@ TEST_CASE("the row kernels give the same bits on one thread and on all threads")
     o.gelu.resize(N, D);
     kernels::gelu_forward<float>(x, o.gelu);
     kernels::gelu_backward<float>(x, dy, o.dgelu);
-    o.loss = kernels::cross_entropy_forward<float>(x, targets.data(), &o.probs);
+    o.loss = kernels::cross_entropy_forward<float>(x, targets.data(), o.probs);
     kernels::cross_entropy_backward<float>(o.probs, targets.data(), 1.0f);
     return o;
   };

@@ -132,30 +132,30 @@ void gelu_backward(const ConstMatrixRef<S>& x, const ConstMatrixRef<S>& dy, Matr
 //
 //   loss = (1/N) sum_r [ logsumexp(z_r) - z_r[t_r] ]     computed with the row maximum subtracted
 //
-// logits: [N, V]; targets: N ids in [0, V) (checked by the caller). probs (optional, for the
-// backward): [N, V] = softmax(z_r), written (=). The exponentials are Eigen's vectorised exp on whole
-// rows. The sum over rows is taken in double, in order, of the per-row losses (float values for S =
-// float), which go through `work` ([N, 1]) when given, else through a local buffer.
+// logits: [N, V]; targets: N ids in [0, V) (checked by the caller). probs: [N, V] = softmax(z_r),
+// written (=); the backward uses it. It is not optional: the row sums are taken over the stored
+// exponentials, and Eigen splits a row into scalar and packet parts by the alignment of the memory it
+// works on, so a variant that summed the unstored expression instead would differ in the last bits
+// (seen with AVX-512: loss() and evaluate() disagreed by 1 ulp). Every caller (with or without
+// gradients) therefore gets the same bits for the same logits. The exponentials are Eigen's
+// vectorised exp on whole rows. The sum over rows is taken in double, in order, of the per-row losses
+// (float values for S = float), which go through `work` ([N, 1]) when given, else through a local
+// buffer.
 template <class S>
-S cross_entropy_forward(const ConstMatrixRef<S>& logits, const std::int32_t* targets, Matrix<S>* probs,
+S cross_entropy_forward(const ConstMatrixRef<S>& logits, const std::int32_t* targets, Matrix<S>& probs,
                         Matrix<S>* work = nullptr) {
   const Index N = logits.rows(), V = logits.cols();
-  if (probs) probs->resize(N, V);
+  probs.resize(N, V);
   Matrix<S> local;
   Matrix<S>& row_loss = work ? *work : local;
   row_loss.resize(N, 1);
   parallel_rows(N, (4 * N * V) > 32768, [&](Index r) {
     const auto z = logits.row(r);
     const S mx = z.maxCoeff();
-    S sum = 0;
-    if (probs) {
-      auto p = probs->row(r);
-      p.array() = (z.array() - mx).exp();
-      sum = p.sum();
-      p *= S(1) / sum;
-    } else {
-      sum = (z.array() - mx).exp().sum();
-    }
+    auto p = probs.row(r);
+    p.array() = (z.array() - mx).exp();
+    const S sum = p.sum();
+    p *= S(1) / sum;
     row_loss(r, 0) = mx + std::log(sum) - z[targets[r]];
   });
   double total = 0;

@@ -201,8 +201,9 @@ Var gelu(Tape<S>& t, Var x) {
 
 // ---- softmax cross-entropy, mean over rows ----------------------------------------------------
 // logits: [N, V]; targets: N ids in [0, V); y: [1, 1] = mean_r (logsumexp(z_r) - z_r[t_r]).
-// Keeps: aux = softmax(logits) [N, V] and a copy of the targets. Backward: dlogits += dy/N * (p -
-// onehot), formed in place of p and handed to the logits node without a copy.
+// Keeps: aux = softmax(logits) [N, V] (formed without gradients too, so that loss and evaluation
+// agree bit for bit; see kernels::cross_entropy_forward) and a copy of the targets. Backward:
+// dlogits += dy/N * (p - onehot), formed in place of p and handed to the logits node without a copy.
 template <class S>
 Var cross_entropy(Tape<S>& t, Var logits, const std::int32_t* targets, Index n) {
   const Index N = t.rows(logits), V = t.cols(logits);
@@ -213,8 +214,7 @@ Var cross_entropy(Tape<S>& t, Var logits, const std::int32_t* targets, Index n) 
             " is outside the vocabulary [0, ", V, ")");
   const bool req = t.requires_grad(logits);
   const Var y = t.push(1, 1, req);
-  t.output(y)(0, 0) = kernels::cross_entropy_forward<S>(t.value(logits), targets, req ? &t.aux(y) : nullptr,
-                                                       &t.scratch(y));
+  t.output(y)(0, 0) = kernels::cross_entropy_forward<S>(t.value(logits), targets, t.aux(y), &t.scratch(y));
   if (!req) return y;
   t.index(y).assign(targets, targets + n);
   t.set_backward(y, [logits, y](Tape<S>& tp) {
