@@ -9,7 +9,7 @@ set key top right
 set format x '%.1s%c'
 set style fill transparent solid 0.18 noborder
 plot 'docs/reproduction/claim-5.tsv' index 0 using 1:3:4 with filledcurves lc rgb '#1f77b4' notitle, \
-     'docs/reproduction/claim-5.tsv' index 0 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#1f77b4' title 'large/leapfrog (2 seeds)', \
+     'docs/reproduction/claim-5.tsv' index 0 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#1f77b4' title 'large/leapfrog (3 seeds)', \
      'docs/reproduction/claim-5.tsv' index 1 using 1:3:4 with filledcurves lc rgb '#d62728' notitle, \
      'docs/reproduction/claim-5.tsv' index 1 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#d62728' title 'large/standard (3 seeds)', \
      'docs/reproduction/claim-5.tsv' index 2 using 1:3:4 with filledcurves lc rgb '#2ca02c' notitle, \
