@@ -25,8 +25,8 @@ namespace coupledqk::train::study {
 
 using VariantSpec = train::VariantSpec;  ///< a group's variant: "leapfrog:3" (variant_spec.hpp)
 
-/// "leapfrog:3" -> {label, attention, steps}; invalid_argument for a bad step count. (The name is
-/// checked against the registry by validate_plan.)
+/// "leapfrog:3" -> {label, attention, steps} (parse_variant_spec), and the name checked against the
+/// registry; invalid_argument naming `where` for a bad step count or an unknown name.
 VariantSpec parse_variant(const std::string& text, const std::string& where);
 
 /// One run of the plan, fully resolved.
