@@ -150,10 +150,7 @@ int main(int argc, char** argv) {
       ->UseRealTime();
   for (const std::string& v : cqk::attention_names())
     for (int steps : {1, 3}) {
-      const bool has_dynamics = cqk::with_variant(v, 1, [](auto integrator, auto) {
-        return decltype(integrator)::type::has_dynamics;
-      });
-      if (!has_dynamics && steps != 1) continue;
+      if (!cqk::builtin_variants.info(v).has_dynamics && steps != 1) continue;
       for (bool bwd : {false, true})
         for (int D : {256, 512})
           for (int T : {128, 256, 512, 1024}) {

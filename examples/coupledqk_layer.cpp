@@ -1,6 +1,8 @@
 // coupledqk-layer: one attention layer's forward and backward on a case read from a safetensors file.
 //
 //     coupledqk-layer INPUT.safetensors OUTPUT.safetensors [--recompute]
+//     coupledqk-layer --variants      (the variant table, one line each: name, has_dynamics,
+//                                      is_reversible as 0/1, tab-separated; for the parity test)
 //
 // INPUT holds x and dy [B, T, D], the layer's parameters (wq, wk, wv, wo [D, D] stored [in, out],
 // dyn.* and the scoring's tensors, exactly the names and shapes of the variant's parameters()),
@@ -37,17 +39,14 @@ namespace io = coupledqk::io;
 /// The variants whose integrator is reversible (DynamicsMemory::recompute), from the variant table.
 std::string reversible_variants() {
   std::vector<std::string> out;
-  for (const auto& name : coupledqk::attention_names())
-    if (coupledqk::with_variant(name, 1, [](auto integrator, auto) {
-          using I = typename decltype(integrator)::type;
-          return I::is_reversible && I::has_dynamics;
-        }))
-      out.push_back(name);
+  for (const auto& info : coupledqk::builtin_variants.infos())
+    if (info.is_reversible && info.has_dynamics) out.push_back(info.name);
   return coupledqk::join_names(out);
 }
 
 std::string usage_text() {
   return "usage: coupledqk-layer INPUT.safetensors OUTPUT.safetensors [--recompute]\n"
+    "       coupledqk-layer --variants\n"
     "\n"
     "Runs one coupledqk attention layer forward and backward on the case in INPUT and writes\n"
     "y and the gradients of sum(y * dy) to OUTPUT.\n"
@@ -70,6 +69,7 @@ std::string usage_text() {
     "  --recompute  rebuild the dynamics' states in backward instead of storing them\n"
     "               (reversible integrators only: " + reversible_variants() + ",\n"
     "               and the variants without dynamics)\n"
+    "  --variants   print the variant table (name, has_dynamics, is_reversible: 0/1, tab-separated)\n"
     "  -h, --help   show this help\n"
     "\n"
     "exit status: 0 success, 1 error, 2 usage error\n";
@@ -92,6 +92,7 @@ struct options {
   std::string input, output;
   bool recompute = false;
   bool help = false;
+  bool variants = false;
 };
 
 options parse_arguments(int argc, char** argv) {
@@ -106,13 +107,21 @@ options parse_arguments(int argc, char** argv) {
       o.help = true;
     } else if (!only_positional && a == "--recompute") {
       o.recompute = true;
+    } else if (!only_positional && a == "--variants") {
+      o.variants = true;
     } else if (!only_positional && a.size() > 1 && a[0] == '-') {
-      throw usage_error("unknown option '" + a + "'; accepted: --recompute, --help");
+      throw usage_error("unknown option '" + a + "'; accepted: --recompute, --variants, --help");
     } else {
       positional.push_back(a);
     }
   }
   if (o.help) return o;
+  if (o.variants) {
+    if (!positional.empty() || o.recompute)
+      throw usage_error("--variants takes no other argument; got " + std::to_string(positional.size()) +
+                        " argument(s)" + (o.recompute ? " and --recompute" : ""));
+    return o;
+  }
   if (positional.size() != 2)
     throw usage_error("expected 2 arguments, INPUT and OUTPUT; got " + std::to_string(positional.size()));
   o.input = positional[0];
@@ -263,6 +272,11 @@ int main(int argc, char** argv) {
   }
   if (opts.help) {
     std::cout << usage_text();
+    return 0;
+  }
+  if (opts.variants) {
+    for (const auto& info : coupledqk::builtin_variants.infos())
+      std::cout << info.name << '\t' << info.has_dynamics << '\t' << info.is_reversible << '\n';
     return 0;
   }
   try {

@@ -11,9 +11,16 @@ namespace cqk_test {
 using namespace coupledqk;
 
 using Table = std::decay_t<decltype(builtin_variants)>;
-using Integrators = table_integrators<Table, 1, 2, 3, 7>;
+using Integrators = table_integrators<Table, 1, 2, 3, 7>;  // the step counts of tested_steps below
 using Scorings = table_scorings<Table>;
 // (for the built-in table: Identity, Leapfrog<1, 2, 3, 7>, Euler<...>, Uncoupled<...>; Softmax, Differential)
+
+template <class Tuple>
+struct pointers_of;
+template <class... T>
+struct pointers_of<std::tuple<T...>> {
+  using type = std::tuple<T*...>;
+};
 
 /// One layer configuration under test.
 template <class I, class Sc, DynamicsMemory M = DynamicsMemory::store>
@@ -37,16 +44,41 @@ struct cross<std::tuple<I...>, Scs> {
   using type = decltype(std::tuple_cat(std::declval<typename with_scorings<I, Scs>::type>()...));
 };
 
-/// Every integrator with every scoring, plus the reversible (recompute) mode of Leapfrog and Affine.
-using Variants = decltype(std::tuple_cat(
-    std::declval<cross<Integrators, Scorings>::type>(),
-    std::declval<std::tuple<Variant<Leapfrog<1>, Softmax, DynamicsMemory::recompute>,
-                            Variant<Leapfrog<3>, Softmax, DynamicsMemory::recompute>,
-                            Variant<Leapfrog<7>, Differential, DynamicsMemory::recompute>,
-                            Variant<Affine<1>, Softmax, DynamicsMemory::recompute>,
-                            Variant<Affine<2>, Differential, DynamicsMemory::recompute>,
-                            Variant<Affine<3>, Softmax, DynamicsMemory::recompute>,
-                            Variant<Affine<7>, Differential, DynamicsMemory::recompute>>>()));
+/// The reversible mode (DynamicsMemory::recompute) of every integrator whose policy says it is
+/// reversible (and has dynamics), at the same step counts, with one scoring each, taken in turn
+/// along the step counts (1: the first scoring, 2: the second, 3: the first, ...): the store-mode
+/// list above already crosses every scoring, and test_affine.cpp adds the other half for Affine.
+inline constexpr int tested_steps[] = {1, 2, 3, 7};
+constexpr std::size_t step_rank(int n) {
+  std::size_t r = 0;
+  for (int s : tested_steps)
+    if (s < n) ++r;
+  return r;
+}
+template <class Is, class Scs>
+struct recompute_list;
+template <class... I, class Scs>
+struct recompute_list<std::tuple<I...>, Scs> {
+  template <class J>
+  using one = std::conditional_t<
+      J::has_dynamics && J::is_reversible,
+      std::tuple<Variant<J, std::tuple_element_t<step_rank(J::steps) % std::tuple_size_v<Scs>, Scs>,
+                         DynamicsMemory::recompute>>,
+      std::tuple<>>;
+  using type = decltype(std::tuple_cat(std::declval<one<I>>()...));
+};
+using RecomputeVariants = typename recompute_list<Integrators, Scorings>::type;
+
+/// Every integrator with every scoring, plus the reversible (recompute) mode of each reversible one.
+using Variants = decltype(std::tuple_cat(std::declval<cross<Integrators, Scorings>::type>(),
+                                         std::declval<RecomputeVariants>()));
+
+/// Calls f(type_tag<T>{}) for every T of a std::tuple type.
+template <class Tuple, class F>
+void for_each_type(F&& f) {
+  std::apply([&](auto*... p) { (f(type_tag<std::remove_pointer_t<decltype(p)>>{}), ...); },
+             typename pointers_of<Tuple>::type{});
+}
 
 /// Adds N(0, stddev^2) noise to every parameter, so no gradient is trivially zero.
 template <class Params>

@@ -320,9 +320,10 @@ Checkpoint checkpoint_from_file(io::file file) {
     throw io_error(where(path) + "the metadata says " + std::to_string(m.layers) + " layers but the file holds only " +
                    std::to_string(model_tensors) + " model tensors");
   for (Index l = 0; l < m.layers; ++l) expect_shape("model.h." + std::to_string(l) + ".attn.wq", {m.dim, m.dim});
-  // The dynamics of a coupled or uncoupled layer hold at least a [d, m] map per layer (none for
-  // standard and diff, which ignore m).
-  const bool dynamics = m.attention != "standard" && m.attention != "diff";
+  // The dynamics of a coupled or uncoupled layer hold at least a [d, m] map per layer (none for a
+  // variant without dynamics, which ignores m; an unknown name counts as having them).
+  const bool dynamics =
+      !builtin_variants.contains(m.attention) || builtin_variants.info(m.attention).has_dynamics;
   const double d = static_cast<double>(m.dim) / static_cast<double>(m.heads);
   const double width = m.hidden > 0 ? static_cast<double>(m.hidden) : d;
   if (m.hidden > floats || (dynamics && static_cast<double>(m.layers) * d * width > static_cast<double>(floats)))

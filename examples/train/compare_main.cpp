@@ -124,6 +124,19 @@ struct Row {
   std::vector<ct::TrainResult> runs;
 };
 
+/// The row every change is measured against: --baseline's label when given, else the first row
+/// whose variant has no dynamics, taking the variant table's order (its first such entry, then the
+/// rest), else the first row.
+const Row* baseline_row(const std::vector<Row>& rows, const std::string& baseline) {
+  for (const Row& r : rows)
+    if (!baseline.empty() && r.variant.label == baseline) return &r;
+  for (const auto& info : coupledqk::builtin_variants.infos())
+    if (!info.has_dynamics)
+      for (const Row& r : rows)
+        if (r.variant.attention == info.name) return &r;
+  return &rows.front();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,9 +150,13 @@ int main(int argc, char** argv) {
   int seeds = 2;
   std::string out_dir = "results";
   std::string progress = "auto";
+  std::string baseline;
   app.add_option("--variants", variants_flag,
                  "variants to compare, comma-separated, each with an optional :steps (e.g. standard,leapfrog:3)")
       ->capture_default_str();
+  app.add_option("--baseline", baseline,
+                 "the variant (a label of --variants) every change is measured against; default: the first "
+                 "variant without dynamics in the variant table's order (standard), else the first listed");
   app.add_option("--seeds", seeds, "runs per variant, with seeds --seed, --seed + 1, ...")->capture_default_str();
   app.add_option("--out", out_dir, "folder for compare.md, curves.tsv, curves_mean.tsv, valid_ppl.png, metrics/")
       ->capture_default_str();
@@ -162,6 +179,13 @@ int main(int argc, char** argv) {
     ct::together(*comm, [&] {
       variants = parse_variants(variants_flag);
       if (seeds < 1) throw coupledqk::invalid_argument("--seeds must be >= 1; got " + std::to_string(seeds));
+      if (!baseline.empty() && std::none_of(variants.begin(), variants.end(),
+                                            [&](const Variant& v) { return v.label == baseline; })) {
+        std::string labels;
+        for (const Variant& v : variants) labels += (labels.empty() ? "" : ", ") + v.label;
+        throw coupledqk::invalid_argument("--baseline '" + (baseline.size() <= 64 ? baseline : baseline.substr(0, 64) + "...") +
+                                          "' is not one of the compared variants; accepted: " + labels);
+      }
       ct::validate_explicit(o, [&](const std::string& flag) { return app.count(flag) > 0; });
       // Every variant's options are checked before anything runs.
       for (const Variant& v : variants) {
@@ -222,12 +246,7 @@ int main(int argc, char** argv) {
     }
 
     // ---- the table
-    const Row* ref = &rows.front();
-    for (const Row& r : rows)
-      if (r.variant.attention == "standard") {
-        ref = &r;
-        break;
-      }
+    const Row* ref = baseline_row(rows, baseline);
     auto ppl_stat = [](const Row& r, bool test) {
       std::vector<double> v;
       for (const auto& x : r.runs) v.push_back(test ? x.test_ppl : x.valid_ppl);

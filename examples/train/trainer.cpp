@@ -313,7 +313,9 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   const double V = o.vocab, D = static_cast<double>(o.dim), L = static_cast<double>(o.layers),
                H = static_cast<double>(o.heads), T = static_cast<double>(o.seq), B = static_cast<double>(o.batch);
   const double d = H > 0 ? D / H : D, m = o.hidden > 0 ? static_cast<double>(o.hidden) : d;
-  const bool dynamics = o.attention != "standard" && o.attention != "diff";
+  // (an unknown name is refused later, by preflight; until then count it as having dynamics)
+  const bool dynamics =
+      !builtin_variants.contains(o.attention) || builtin_variants.info(o.attention).has_dynamics;
   MemoryEstimate e;
   // wte [V, D], wpe [T, D], per block wq wk wv wo [D, D] and the MLP's [D, 4D] + [4D, D], the
   // dynamics' maps at least [d, m] and [m, d] per head.

@@ -98,6 +98,40 @@ constexpr VariantEntry<FixedFamily<I>, Sc> variant(const char* name) {
   return {name};
 }
 
+namespace detail {
+// Optional policy members, detected (absent: the fact is "not given", never a made-up 0).
+template <class I, class = void>
+struct has_pair_flops : std::false_type {};
+template <class I>
+struct has_pair_flops<I, std::void_t<decltype(I::flops_per_pair(1.0, 1.0))>> : std::true_type {};
+template <class Sc, class = void>
+struct has_score_flops : std::false_type {};
+template <class Sc>
+struct has_score_flops<Sc, std::void_t<decltype(Sc::score_flops(1.0, 1.0, 1.0))>> : std::true_type {};
+}  // namespace detail
+
+/// What a variant table knows about one of its entries, read from the entry's policies (never from
+/// its name): the one place the benchmarks, the trainer, checkpoints, the compare and study tools,
+/// the typed tests and the Python package ask.
+struct VariantInfo {
+  std::string name;          ///< the table's name, e.g. "diff-leapfrog"
+  std::string integrator;    ///< the integrator policy's name (Identity: "identity")
+  std::string scoring;       ///< the scoring policy's name, e.g. "differential"
+  bool has_dynamics = false; ///< false: no dynamics parameters, no integration time, steps ignored
+  bool has_steps = false;    ///< the family takes a step count (1..max_steps)
+  bool is_reversible = false;  ///< supports DynamicsMemory::recompute
+  bool is_symplectic = false;
+  bool is_coupled = false;
+  int order = 0;             ///< convergence order of the energy error (0: not a flow)
+  /// Forward FLOPs of the dynamics per (token, head) pair at `steps` steps, head size d and hidden
+  /// width m (a multiply-add counts 2), from the integrator's optional `flops_per_pair`; nullptr
+  /// when the policy does not give it (report "n/a").
+  double (*dynamics_flops_per_pair)(int steps, double d, double m) = nullptr;
+  /// Forward FLOPs of the scoring for B sequences of T tokens at width D (Softmax's causal half of
+  /// Q K^T and P V: 2 B T^2 D), from the scoring's optional `score_flops`; nullptr when not given.
+  double (*score_flops)(double batch, double seq, double dim) = nullptr;
+};
+
 /// A closed list of variants. Names must be unique (checked when the table is used).
 template <class... Entries>
 class VariantTable {
@@ -131,6 +165,32 @@ class VariantTable {
     for (const auto& n : names())
       if (n == name) return true;
     return false;
+  }
+
+  /// The facts of the entry named `name` (VariantInfo); throws coupledqk::invalid_argument, listing
+  /// the accepted names, for an unknown one.
+  VariantInfo info(std::string_view name) const {
+    require_unique_names();
+    require(contains(name), "unknown attention variant '", bounded(name), "'; accepted: ", names_joined());
+    std::optional<VariantInfo> out;
+    std::apply([&](const auto&... e) { ((!out && name == e.name ? (out.emplace(info_of(e)), 0) : 0), ...); },
+               entries_);
+    return *out;
+  }
+
+  /// The facts of every entry, in table order.
+  std::vector<VariantInfo> infos() const {
+    std::vector<VariantInfo> out;
+    std::apply([&](const auto&... e) { (out.push_back(info_of(e)), ...); }, entries_);
+    return out;
+  }
+
+  /// The name of the table's first entry without dynamics (the natural baseline of a comparison,
+  /// "standard" in the built-in table); empty when every entry has dynamics.
+  std::string first_without_dynamics() const {
+    for (const auto& i : infos())
+      if (!i.has_dynamics) return i.name;
+    return {};
   }
 
   /// The name of the variant whose policies are (I, Sc), if the table has it.
@@ -168,6 +228,45 @@ class VariantTable {
   }
 
  private:
+  template <class E>
+  static VariantInfo info_of(const E& e) {
+    using Family = typename E::family;
+    using Sc = typename E::scoring;
+    using I1 = typename Family::template at<1>;
+    VariantInfo i;
+    i.name = e.name;
+    i.integrator = I1::name;
+    i.scoring = Sc::name;
+    i.has_dynamics = I1::has_dynamics;
+    i.has_steps = Family::has_steps;
+    i.is_reversible = I1::is_reversible;
+    i.is_symplectic = I1::is_symplectic;
+    i.is_coupled = I1::is_coupled;
+    i.order = I1::order;
+    if constexpr (detail::has_pair_flops<I1>::value)
+      i.dynamics_flops_per_pair = &pair_flops<Family>;
+    if constexpr (detail::has_score_flops<Sc>::value)
+      i.score_flops = [](double b, double t, double dim) { return Sc::score_flops(b, t, dim); };
+    return i;
+  }
+
+  /// Family::at<steps>::flops_per_pair(d, m), steps in 1..max_steps (a family without steps: its one policy).
+  template <class Family>
+  static double pair_flops(int steps, double d, double m) {
+    if constexpr (!Family::has_steps) {
+      return Family::template at<1>::flops_per_pair(d, m);
+    } else {
+      require(steps >= 1 && steps <= max_steps, "flops_per_pair: steps must be in 1..", max_steps, "; got ", steps);
+      return pair_flops_at<Family>(steps, d, m, std::make_integer_sequence<int, max_steps>{});
+    }
+  }
+  template <class Family, int... N>
+  static double pair_flops_at(int steps, double d, double m, std::integer_sequence<int, N...>) {
+    double out = 0;
+    ((steps == N + 1 ? (out = Family::template at<N + 1>::flops_per_pair(d, m), 0) : 0), ...);
+    return out;
+  }
+
   template <class E, class F, class R>
   static void call(const E&, int steps, F& f, std::optional<R>& out) {
     using Family = typename E::family;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <coupledqk/attention.hpp>
+#include <coupledqk/registry.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -16,15 +17,8 @@
 
 namespace coupledqk::python {
 
-/// What the variant table says about one run-time name.
-struct VariantInfo {
-  std::string name;
-  std::string integrator, scoring;  // the policies' own names (e.g. "leapfrog", "softmax")
-  bool has_dynamics = false;        // false: no dyn.* tensors, steps are ignored
-  bool is_reversible = false;       // accepts memory = recompute
-};
-
-/// The run-time names of builtin_variants, in table order, and what each is.
+/// The run-time names of builtin_variants, in table order, and what each is (the table's own
+/// facts: registry.hpp, VariantInfo).
 std::vector<VariantInfo> variants();
 /// Largest step count compiled in (coupledqk::max_steps).
 int max_steps();

@@ -259,6 +259,10 @@ PYBIND11_MODULE(_C, m) {
       d["scoring"] = v.scoring;
       d["has_dynamics"] = v.has_dynamics;
       d["is_reversible"] = v.is_reversible;
+      d["is_symplectic"] = v.is_symplectic;
+      d["is_coupled"] = v.is_coupled;
+      d["order"] = v.order;
+      d["has_steps"] = v.has_steps;
       out.append(d);
     }
     return out;

@@ -48,24 +48,25 @@ DEFAULT_SEED = 20240607
 class Case:
     """One random case file plus the tool runs made on it."""
 
-    def __init__(self, index, variant, steps, dtype, shape, shape_tag):
+    def __init__(self, index, variant, steps, dtype, shape, shape_tag, reversible=()):
         self.index = index
         self.variant = variant
         self.steps = steps
         self.dtype = dtype
         self.shape = shape          # dict B, T, D, H, m
         self.shape_tag = shape_tag  # "main" / "alt", for the report
-        # The fused tool may recompute the dynamics in backward; test both paths.
-        reversible = reference.parse_variant(variant)[1] in ("leapfrog", "affine")
-        self.modes = [False, True] if reversible else [False]
+        # The fused tool may recompute the dynamics in backward; test both paths for the
+        # variants the tool's table calls reversible.
+        self.modes = [False, True] if variant in reversible else [False]
 
     @property
     def name(self):
         return f"{self.index:02d}_{self.variant}_s{self.steps}_{self.dtype}_{self.shape_tag}"
 
 
-def build_cases(variants):
-    """The full case list, in a fixed order (the index also seeds each case)."""
+def build_cases(variants, reversible=()):
+    """The full case list, in a fixed order (the index also seeds each case). reversible: the
+    variants that are also run with --recompute (the tool's table says which)."""
     specs = []
     for variant in reference.VARIANTS:
         for steps in STEPS_MAIN:
@@ -74,7 +75,7 @@ def build_cases(variants):
         specs.append((variant, STEPS_ALT, "F64", cases.ALT_SHAPE, "alt"))
     for variant, steps in F32_CASES:
         specs.append((variant, steps, "F32", cases.MAIN_SHAPE, "main"))
-    result = [Case(i, *spec) for i, spec in enumerate(specs)]
+    result = [Case(i, *spec, reversible=reversible) for i, spec in enumerate(specs)]
     if variants:
         result = [case for case in result if case.variant in variants]
     return result
@@ -178,14 +179,44 @@ def resolve_tool(path):
     return None
 
 
+def tool_table(tool, timeout):
+    """The tool's variant table ({name: (has_dynamics, is_reversible)}) from `TOOL --variants`,
+    or a message saying why it could not be read."""
+    try:
+        proc = subprocess.run([tool, "--variants"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"could not run {tool} --variants: {exc}"
+    if proc.returncode != 0:
+        return None, f"{tool} --variants exited {proc.returncode}: {proc.stderr.strip()}"
+    table = {}
+    for line in proc.stdout.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 3 or fields[1] not in ("0", "1") or fields[2] not in ("0", "1"):
+            return None, f"{tool} --variants printed an unexpected line {line[:80]!r}"
+        table[fields[0]] = (fields[1] == "1", fields[2] == "1")
+    if not table:
+        return None, f"{tool} --variants printed no variant"
+    return table, None
+
+
 def run_all(args):
     tool = resolve_tool(args.tool)
-    selected = build_cases(args.variant)
-    total_runs = sum(len(case.modes) for case in selected)
     if tool is None:
         print(f"ERROR: tool {args.tool!r} not found or not executable", file=sys.stderr)
-        print(f"0 passed, {total_runs} failed")
+        print(f"0 passed, {len(build_cases(args.variant))} failed")
         return 1
+    table, message = tool_table(tool, args.timeout)
+    if table is None:
+        print("ERROR: " + message, file=sys.stderr)
+        print("0 passed, 1 failed")
+        return 1
+    # Every name of the library's table must have a reference here: a variant added to the table
+    # without one fails this test instead of silently getting no parity coverage.
+    uncovered = [name for name in table if name not in reference.VARIANTS]
+    unknown = [name for name in (args.variant or []) if name not in table]
+    reversible = {name for name, (dyn, rev) in table.items() if dyn and rev}
+    selected = build_cases(args.variant, reversible)
+    total_runs = sum(len(case.modes) for case in selected)
 
     print(f"parity_test: tool={tool} seed={args.seed} runs={total_runs}")
     tempdir = None
@@ -197,6 +228,13 @@ def run_all(args):
         workdir = tempdir.name
 
     n_pass = n_fail = 0
+    for name in uncovered:
+        print(f"FAIL: the tool's variant table has '{name}' but the PyTorch reference "
+              f"(tests/parity/reference.py, VARIANTS) does not: add its formulas there")
+        n_fail += 1
+    for name in unknown:
+        print(f"FAIL: --variant {name!r} is not in the tool's table ({', '.join(table)})")
+        n_fail += 1
     try:
         for case in selected:
             rng = np.random.default_rng([args.seed, case.index])

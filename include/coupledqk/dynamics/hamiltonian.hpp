@@ -72,6 +72,11 @@ struct TanhHamiltonian {
     return parameters<S>(shape, rng);
   }
 
+  /// Forward FLOPs of one evaluation of grad V (or grad T) for one row: two [d x m] products,
+  /// 4 d m (a multiply-add counts 2; the tanh and the scaling by a are not counted).
+  static constexpr double grad_potential_flops(double d, double m) { return 4 * d * m; }
+  static constexpr double grad_kinetic_flops(double d, double m) { return 4 * d * m; }
+
   /// grad V(q) = W^T (a * tanh(W q + b)) per row.
   template <class S>
   static void grad_potential(const parameters<S>& p, const ConstMatrixRef<S>& q, Matrix<S>& out, workspace<S>& ws) {

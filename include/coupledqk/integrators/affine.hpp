@@ -43,6 +43,10 @@ struct Affine {
   static constexpr const char* name = "affine";
   static constexpr StepForm form = StepForm::affine_coupling;
 
+  /// Forward FLOPs per (q, k) pair: per step two conditioners, each [d x m] then [m x 2d] (s and t):
+  /// 2 (2 d m + 4 d m) = 12 d m, so 12 d m N.
+  static constexpr double flops_per_pair(double d, double m) { return 12.0 * d * m * Steps; }
+
   template <class S>
   using parameters = AffineParameters<S>;
   template <class S>

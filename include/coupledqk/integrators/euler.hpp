@@ -33,6 +33,12 @@ struct HamiltonianEuler {
   static constexpr StepForm form = StepForm::simultaneous;
   using hamiltonian = Ham;
 
+  /// Forward FLOPs per (q, k) pair: both fields once per step, N (grad V + grad T).
+  template <class H = Ham>
+  static constexpr auto flops_per_pair(double d, double m) -> decltype(H::grad_potential_flops(d, m) + H::grad_kinetic_flops(d, m)) {
+    return Steps * (H::grad_potential_flops(d, m) + H::grad_kinetic_flops(d, m));
+  }
+
   template <class S>
   using parameters = typename Ham::template parameters<S>;
   template <class S>

@@ -15,6 +15,9 @@ struct Identity {
   static constexpr const char* name = "identity";
   static constexpr StepForm form = StepForm::identity;
 
+  /// No dynamics: no work.
+  static constexpr double flops_per_pair(double, double) { return 0; }
+
   template <class S>
   using parameters = EmptyParameters<S>;
 

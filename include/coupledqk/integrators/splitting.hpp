@@ -126,6 +126,17 @@ struct SymplecticSplitting {
   static constexpr auto plan = make_splitting_plan<Steps>(Scheme::stages);
   using hamiltonian = Ham;
 
+  /// Forward FLOPs per (q, k) pair: one field evaluation per stage of the merged plan (leapfrog:
+  /// N + 1 kicks and N drifts), each at the Hamiltonian's cost. Only where the Hamiltonian gives
+  /// grad_potential_flops and grad_kinetic_flops.
+  template <class H = Ham>
+  static constexpr auto flops_per_pair(double d, double m) -> decltype(H::grad_potential_flops(d, m) + H::grad_kinetic_flops(d, m)) {
+    double f = 0;
+    for (int i = 0; i < plan.size; ++i)
+      f += plan.stage[i].kind == StageKind::kick ? H::grad_potential_flops(d, m) : H::grad_kinetic_flops(d, m);
+    return f;
+  }
+
   template <class S>
   using parameters = typename Ham::template parameters<S>;
   template <class S>

@@ -71,6 +71,10 @@ struct Uncoupled {
   static constexpr const char* name = "uncoupled";
   static constexpr StepForm form = StepForm::separate;
 
+  /// Forward FLOPs per (q, k) pair: per step two fields of half width m/2, each [d x m/2] then
+  /// [m/2 x d]: 2 N (2 d m).
+  static constexpr double flops_per_pair(double d, double m) { return 2.0 * Steps * 2 * d * m; }
+
   template <class S>
   using parameters = UncoupledParameters<S>;
   template <class S>

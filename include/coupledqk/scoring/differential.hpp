@@ -38,6 +38,9 @@ struct DifferentialParameters : NamedTensors<DifferentialParameters<S>> {
 struct Differential {
   static constexpr const char* name = "differential";
   static constexpr double rms_eps = 1e-5;
+  /// Forward FLOPs of B sequences of T tokens at width D: per differential head two causal score
+  /// matrices of width d and values of width 2d, 3 B T^2 D over the H/2 heads.
+  static constexpr double score_flops(double B, double T, double D) { return 3 * B * T * T * D; }
 
   template <class S>
   using parameters = DifferentialParameters<S>;

@@ -17,6 +17,9 @@ namespace coupledqk {
 
 struct Softmax {
   static constexpr const char* name = "softmax";
+  /// Forward FLOPs of B sequences of T tokens at width D: the unmasked (causal) half of Q K^T and
+  /// of P V, 2 * 2 B T^2 D / 2 (a multiply-add counts 2; the softmax itself is not counted).
+  static constexpr double score_flops(double B, double T, double D) { return 2 * B * T * T * D; }
 
   template <class S>
   using parameters = EmptyParameters<S>;
