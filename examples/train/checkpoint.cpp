@@ -19,7 +19,6 @@
 
 namespace coupledqk {
 template std::unique_ptr<AnyGpt<float>> make_gpt<float>(const GptConfig&, std::uint64_t);
-template std::unique_ptr<Decoder<float>> make_decoder<float>(AnyGpt<float>&);
 }  // namespace coupledqk
 
 namespace coupledqk::train {

@@ -33,12 +33,11 @@ using Model = AnyGpt<float>;
 
 }  // namespace coupledqk::train
 
-// The library's model construction by name (model/gpt.hpp) and decoder (model/decoder.hpp) compile
-// every built-in variant; they are instantiated once, in checkpoint.cpp, and declared here so that
-// no other file of the example pays that compile time again.
+// The library's model construction by name (model/gpt.hpp) compiles every built-in variant (each
+// with its decoder, Gpt::make_decoder); it is instantiated once, in checkpoint.cpp, and declared
+// here so that no other file of the example pays that compile time again.
 namespace coupledqk {
 extern template std::unique_ptr<AnyGpt<float>> make_gpt<float>(const GptConfig&, std::uint64_t);
-extern template std::unique_ptr<Decoder<float>> make_decoder<float>(AnyGpt<float>&);
 }  // namespace coupledqk
 
 namespace coupledqk::train {

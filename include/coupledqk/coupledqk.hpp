@@ -9,6 +9,7 @@
 #include "core/types.hpp"
 #include "dynamics/affine_coupling.hpp"
 #include "dynamics/hamiltonian.hpp"
+#include "dynamics/shape.hpp"
 #include "dynamics/tanh_map.hpp"
 #include "integrators/affine.hpp"
 #include "integrators/euler.hpp"

@@ -193,6 +193,14 @@ class VariantTable {
     return {};
   }
 
+  /// Calls f(type_tag<Integrator>{}, type_tag<Scoring>{}) for every compiled policy pair of the
+  /// table: each entry at every step count 1..max_steps (once for a family without steps).
+  template <class F>
+  void for_each_policy(F&& f) const {
+    std::apply([&](const auto&... e) { (each_step<std::decay_t<decltype(e)>>(f, std::make_integer_sequence<int, max_steps>{}), ...); },
+               entries_);
+  }
+
   /// The name of the variant whose policies are (I, Sc), if the table has it.
   template <class I, class Sc>
   std::optional<std::string> name_of() const {
@@ -228,6 +236,16 @@ class VariantTable {
   }
 
  private:
+  template <class E, class F, int... N>
+  static void each_step(F& f, std::integer_sequence<int, N...>) {
+    using Family = typename E::family;
+    using Sc = typename E::scoring;
+    if constexpr (Family::has_steps)
+      (f(type_tag<typename Family::template at<N + 1>>{}, type_tag<Sc>{}), ...);
+    else
+      f(type_tag<typename Family::template at<1>>{}, type_tag<Sc>{});
+  }
+
   template <class E>
   static VariantInfo info_of(const E& e) {
     using Family = typename E::family;

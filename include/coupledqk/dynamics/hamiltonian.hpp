@@ -9,7 +9,7 @@
 
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
-#include "../integrators/policy.hpp"
+#include "shape.hpp"
 #include "tanh_map.hpp"
 
 namespace coupledqk {

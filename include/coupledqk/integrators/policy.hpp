@@ -50,15 +50,9 @@
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
 #include "../core/types.hpp"
+#include "../dynamics/shape.hpp"
 
 namespace coupledqk {
-
-/// Sizes and initial scales for the dynamics of one layer.
-struct DynamicsShape {
-  Index head_dim = 0;       ///< d
-  Index hidden = 0;         ///< m
-  double init_scale = 0.0;  ///< std of the parts that are zero at init (a, c; P*2); 0 = standard attention
-};
 
 /// How a policy builds its sub-steps (a description of the maths, for fast paths).
 enum class StepForm {
@@ -116,6 +110,33 @@ template <class I, class = void>
 struct has_parameters : std::false_type {};
 template <class I>
 struct has_parameters<I, std::void_t<typename I::template parameters<double>>> : std::true_type {};
+
+// The calls of the interface above, at S = double, as the layer makes them.
+template <class I, class = void>
+struct has_make_parameters : std::false_type {};
+template <class I>
+struct has_make_parameters<
+    I, std::enable_if_t<std::is_same_v<decltype(I::template make_parameters<double>(std::declval<const DynamicsShape&>(),
+                                                                                      std::declval<Rng&>())),
+                                       typename I::template parameters<double>>>> : std::true_type {};
+template <class I, class = void>
+struct has_forward : std::false_type {};
+template <class I>
+struct has_forward<I, std::void_t<decltype(I::template forward<double>(
+                          std::declval<const typename I::template parameters<double>&>(),
+                          std::declval<const Vector<double>&>(), std::declval<MatrixRef<double>>(),
+                          std::declval<MatrixRef<double>>(), std::declval<trace_of<I, double>*>(),
+                          DynamicsMemory::store))>> : std::true_type {};
+template <class I, class = void>
+struct has_backward : std::false_type {};
+template <class I>
+struct has_backward<I, std::void_t<decltype(I::template backward<double>(
+                           std::declval<const typename I::template parameters<double>&>(),
+                           std::declval<const Vector<double>&>(), std::declval<const trace_of<I, double>&>(),
+                           std::declval<const ConstMatrixRef<double>&>(), std::declval<const ConstMatrixRef<double>&>(),
+                           std::declval<MatrixRef<double>>(), std::declval<MatrixRef<double>>(),
+                           std::declval<typename I::template parameters<double>&>(), std::declval<Vector<double>&>(),
+                           DynamicsMemory::store))>> : std::true_type {};
 }  // namespace detail
 
 /// Compile-time check of the interface above; instantiate as `CheckIntegrator<MyPolicy>{}`
@@ -139,6 +160,17 @@ struct CheckIntegrator {
                 "integrator policy: needs `static constexpr const char* name`");
   static_assert(detail::has_parameters<I>::value,
                 "integrator policy: needs `template <class S> using parameters = ...`");
+  static_assert(detail::has_make_parameters<I>::value,
+                "integrator policy: needs `template <class S> static parameters<S> make_parameters(const "
+                "DynamicsShape&, Rng&)`");
+  static_assert(detail::has_forward<I>::value,
+                "integrator policy: needs `template <class S> static void forward(const parameters<S>&, const "
+                "Vector<S>& tau, MatrixRef<S> q, MatrixRef<S> k, Trace<S>* keep, DynamicsMemory)` (Trace<S> = "
+                "trace_of<Policy, S>; see the interface at the top of integrators/policy.hpp)");
+  static_assert(detail::has_backward<I>::value,
+                "integrator policy: needs `template <class S> static void backward(const parameters<S>&, const "
+                "Vector<S>& tau, const Trace<S>&, const ConstMatrixRef<S>& q_out, const ConstMatrixRef<S>& k_out, "
+                "MatrixRef<S> dq, MatrixRef<S> dk, parameters<S>& grad, Vector<S>& dtau, DynamicsMemory)`");
   static constexpr bool value = true;
 };
 

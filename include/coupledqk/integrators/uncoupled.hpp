@@ -7,6 +7,7 @@
 // integration time per head (h = softplus(rho_h) / N): the only difference under test is coupling.
 #pragma once
 
+#include "../dynamics/tanh_map.hpp"
 #include "policy.hpp"
 
 namespace coupledqk {

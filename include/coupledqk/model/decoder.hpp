@@ -10,7 +10,9 @@
 //     logits = ln_f(x) wte^T                                                         [1, V]
 //
 // Its logits equal model.logits() of the whole sequence to round-off (tests/autodiff/test_gpt.cpp).
-// make_decoder(model) reaches the compiled model behind an AnyGpt through a variant table.
+// make_decoder(model) asks the model (AnyGpt::make_decoder): the compiled Gpt<S, I, Sc> behind an
+// AnyGpt knows its own policies, so no variant table is needed. gpt.hpp includes this file at its
+// end, so the decoder is there wherever a model is.
 #pragma once
 
 #include <algorithm>
@@ -96,17 +98,15 @@ class GptDecoder final : public Decoder<typename G::scalar> {
   Matrix<S> x_, a_, h_;  // residual stream, normalised input, MLP hidden
 };
 
-/// A decoder over `model` (which must outlive it), for any variant of `table` (default: the
-/// built-in variants), through visit_gpt.
-template <class S, class... E>
-std::unique_ptr<Decoder<S>> make_decoder(AnyGpt<S>& model, const VariantTable<E...>& table) {
-  return visit_gpt(
-      model, [](auto& g) -> std::unique_ptr<Decoder<S>> { return std::make_unique<GptDecoder<std::decay_t<decltype(g)>>>(g); },
-      table);
+template <class S, class I, class Sc>
+std::unique_ptr<Decoder<S>> Gpt<S, I, Sc>::make_decoder() {
+  return std::make_unique<GptDecoder<Gpt<S, I, Sc>>>(*this);
 }
+
+/// A decoder over `model` (which must outlive it), of any variant, a consumer's table's too.
 template <class S>
 std::unique_ptr<Decoder<S>> make_decoder(AnyGpt<S>& model) {
-  return make_decoder(model, builtin_variants);
+  return model.make_decoder();
 }
 
 /// The logits [n, V] of a sequence of n <= context ids, computed token by token with a decoder.

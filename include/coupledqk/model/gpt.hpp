@@ -203,11 +203,17 @@ inline std::string gpt_tensor_name(Index block, const char* name) {
 /// A GPT whose attention variant is fixed by the derived Gpt<S, Integrator, Scoring> (make_gpt picks
 /// it at run time). Everything that does not depend on the attention policies is here, compiled
 /// once per scalar type; the derived class supplies the attention layers through six hooks. (So
-/// the registry's 58 variants cost little more to compile than the layers themselves.)
+/// the registry's variants cost little more to compile than the layers themselves.)
+template <class S>
+class Decoder;  // model/decoder.hpp (included at the end of this file)
+
 template <class S>
 class AnyGpt {
  public:
   virtual ~AnyGpt() = default;
+  /// A KV-cache decoder over this model (which must outlive it): the compiled model knows its own
+  /// policies, so no variant table is needed (model/decoder.hpp: GptDecoder).
+  virtual std::unique_ptr<Decoder<S>> make_decoder() = 0;
   AnyGpt(const AnyGpt&) = delete;
   AnyGpt& operator=(const AnyGpt&) = delete;
 
@@ -450,6 +456,9 @@ class Gpt final : public AnyGpt<S> {
   const Layer& layer(Index l) const { return layers_.at(static_cast<std::size_t>(l)); }
   LayerParameters& layer_gradients(Index l) { return layer_grads_.at(static_cast<std::size_t>(l)); }
 
+  /// GptDecoder<Gpt> over this model (defined in model/decoder.hpp).
+  std::unique_ptr<Decoder<S>> make_decoder() override;
+
  protected:
   Var attention_node(Tape<S>& t, Index l, Var x, Index batch, bool with_gradients) override {
     const auto i = static_cast<std::size_t>(l);
@@ -471,8 +480,10 @@ class Gpt final : public AnyGpt<S> {
   }
 
  private:
+  /// The name the model was made under (make_gpt passes the one it dispatched on; nothing parses
+  /// it back); a model built directly takes its policies' name in the built-in table.
   static GptConfig named(GptConfig c, const std::string& name) {
-    c.attention = variant_name<Integrator, Scoring>(name);
+    c.attention = name.empty() ? variant_name<Integrator, Scoring>() : name;
     if constexpr (Integrator::has_dynamics) c.steps = Integrator::steps;
     return c;
   }
@@ -499,17 +510,22 @@ std::unique_ptr<AnyGpt<S>> make_gpt(const GptConfig& config, std::uint64_t seed 
 }
 
 /// Calls f(Gpt<S, I, Sc>&) with the compiled model behind `model` (for code written once for every
-/// variant, such as incremental decoding) and returns its result (f must return the same non-void
-/// type for every variant). Only for models whose variant is in `table` (make_gpt's).
+/// variant) and returns its result (f must return the same non-void type for every variant). The
+/// model's policies are found by type among those `table` compiles (make_gpt's), never by its name;
+/// a model of policies outside the table is an error.
 template <class S, class F, class... E>
 auto visit_gpt(AnyGpt<S>& model, F&& f, const VariantTable<E...>& table) {
-  return table.dispatch(model.config().attention, model.config().steps, [&](auto integrator, auto scoring) {
+  using First = std::tuple_element_t<0, typename VariantTable<E...>::entries>;
+  using R = decltype(f(std::declval<Gpt<S, typename First::family::template at<1>, typename First::scoring>&>()));
+  std::optional<R> out;
+  table.for_each_policy([&](auto integrator, auto scoring) {
     using G = Gpt<S, typename decltype(integrator)::type, typename decltype(scoring)::type>;
-    auto* g = dynamic_cast<G*>(&model);
-    require(g != nullptr, "visit_gpt: the model is not the compiled variant its config names ('",
-            model.config().attention, "', ", model.config().steps, " steps)");
-    return f(*g);
+    if (!out)
+      if (auto* g = dynamic_cast<G*>(&model)) out.emplace(f(*g));
   });
+  require(out.has_value(), "visit_gpt: the model ('", model.config().attention, "', ", model.config().steps,
+          " steps) is not a compiled variant of the table given (", table.names_joined(), ")");
+  return std::move(*out);
 }
 template <class S, class F>
 auto visit_gpt(AnyGpt<S>& model, F&& f) {
@@ -517,3 +533,6 @@ auto visit_gpt(AnyGpt<S>& model, F&& f) {
 }
 
 }  // namespace coupledqk
+
+// The decoder of a compiled model is part of the model (Gpt::make_decoder): its definition follows.
+#include "decoder.hpp"
