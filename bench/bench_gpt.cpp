@@ -119,7 +119,8 @@ void register_gpt_benchmarks() {
   const GptShape shapes[] = {{4096, 128, 2, 4, 128, 16},   // the main job (coupledqk-compare)
                              {8192, 512, 8, 8, 512, 4}};   // the paper's shape
   for (const GptShape& s : shapes)
-    for (const char* v : {"standard", "leapfrog"}) {
+    // the table's first entry without dynamics and its first with (standard, leapfrog)
+    for (const char* v : {cqk::builtin_variants.first_without_dynamics(), cqk::builtin_variants.first_with_dynamics()}) {
       const std::string name = std::string("gpt/") + v + "/1/step/" + shape_name(s);
       // timed for --benchmark_min_time seconds (at least one step)
       benchmark::RegisterBenchmark(name.c_str(), gpt_step_benchmark, std::string(v), 1, s)

@@ -17,7 +17,7 @@ int main() {
   rng.fill_normal(q, 1.0);
   rng.fill_normal(k, 1.0);
   std::printf("%-12s %10s %14s %14s %12s\n", "integrator", "order", "symplectic", "reversible", "fitted order");
-  std::printf("%-12s %10d %14.2e %14.2e %12.2f\n", "leapfrog", 2,
+  std::printf("%-12s %10d %14.2e %14.2e %12.2f\n", cqk::Leapfrog<1>::name, cqk::Leapfrog<1>::order,
               t::symplecticity_defect<cqk::Leapfrog<1>, double>(p, q, k, 1.0),
               t::reversibility_error<cqk::Leapfrog<1>, double>(p, q, k, 1.0),
               t::energy_convergence_order<cqk::Leapfrog<1>, double>(p, q, k, 2.0, 2, 4));

@@ -14,7 +14,8 @@
 namespace cqk = coupledqk;
 
 int main(int argc, char** argv) try {
-  const std::string variant = argc > 1 ? argv[1] : "leapfrog";
+  // default: the variant table's first coupled entry (leapfrog)
+  const std::string variant = argc > 1 ? argv[1] : cqk::builtin_variants.first_with_dynamics();
   const int steps = argc > 2 ? std::atoi(argv[2]) : 1;
 
   // 1. A layer chosen at run time, the way an experiment script would.

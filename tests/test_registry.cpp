@@ -58,7 +58,10 @@ TEST_CASE("variant facts come from the policies, in table order") {
   CHECK(leapfrog.is_symplectic);
   CHECK(leapfrog.is_reversible);
   CHECK_FALSE(cqk::builtin_variants.info("euler").is_reversible);
-  CHECK(cqk::builtin_variants.first_without_dynamics() == "standard");
+  CHECK(std::string(cqk::builtin_variants.first_without_dynamics()) == "standard");
+  CHECK(std::string(cqk::builtin_variants.first_with_dynamics()) == "leapfrog");
+  constexpr auto only_coupled = cqk::VariantTable(cqk::variant<cqk::Leapfrog, cqk::Softmax>("lf"));
+  static_assert(only_coupled.first_without_dynamics() == nullptr);
 }
 
 TEST_CASE("info: an unknown name is an error that lists the accepted names") {

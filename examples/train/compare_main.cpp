@@ -146,7 +146,9 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
   ct::TrainOptions o;
   o.vocab = ct::Defaults::compare_vocab;
-  std::string variants_flag = "standard,leapfrog";
+  // default: the table's first entry without dynamics and its first with (standard,leapfrog)
+  std::string variants_flag = std::string(coupledqk::builtin_variants.first_without_dynamics()) + "," +
+                              coupledqk::builtin_variants.first_with_dynamics();
   int seeds = 2;
   std::string out_dir = "results";
   std::string progress = "auto";

@@ -120,7 +120,7 @@ class CudaTrainer final : public DeviceTrainer {
     nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     return std::string(id.internal, sizeof id.internal);
 #else
-    throw std::logic_error("cuda trainer: this build has no NCCL");
+    throw invalid_argument("cuda trainer: this build has no NCCL (configure where NCCL is installed to train on several GPUs)");
 #endif
   }
 
@@ -135,7 +135,7 @@ class CudaTrainer final : public DeviceTrainer {
     (void)id;
     (void)rank;
     (void)size;
-    throw std::logic_error("cuda trainer: this build has no NCCL");
+    throw invalid_argument("cuda trainer: this build has no NCCL (configure where NCCL is installed to train on several GPUs)");
 #endif
   }
 
@@ -148,7 +148,7 @@ class CudaTrainer final : public DeviceTrainer {
                "ncclAllReduce");
     COUPLEDQK_CUDA_CHECK(cudaStreamSynchronize(model_->stream()));
 #else
-    throw std::logic_error("cuda trainer: this build has no NCCL");
+    throw invalid_argument("cuda trainer: this build has no NCCL (configure where NCCL is installed to train on several GPUs)");
 #endif
   }
 

@@ -36,7 +36,7 @@ void check(int code, const char* call) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, text, &length);
-  throw std::runtime_error(std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)));
+  throw coupledqk::runtime_error(std::string(call) + " failed: " + std::string(text, static_cast<std::size_t>(length)));
 }
 
 template <class T>

@@ -246,7 +246,7 @@ void require_cuda_device() {
 #ifdef COUPLEDQK_WITH_CUDA
   select_cuda_device(world().local_rank(), world().local_size());  // one GPU per rank of this machine
   const std::string why = cuda_unavailable_reason();
-  if (!why.empty()) throw std::runtime_error("--device cuda: no CUDA device is usable (" + why + ")");
+  if (!why.empty()) throw runtime_error("--device cuda: no CUDA device is usable (" + why + ")");
 #else
   throw invalid_argument(
       "--device cuda: this build has no CUDA support (configure with -DCOUPLEDQK_CUDA=ON where nvcc is installed)");
@@ -871,7 +871,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
     const Reduced step = all_reduce(step_loss(tokens, targets));
     const float loss = step.loss;
     if (!std::isfinite(loss))
-      throw std::runtime_error("training diverged at step " + std::to_string(state.step + 1) + ": the loss is " +
+      throw runtime_error("training diverged at step " + std::to_string(state.step + 1) + ": the loss is " +
                                fmt("%g", loss) + "; lower --lr (now " + fmt("%g", o.lr) + ") or keep --clip");
     const StepReport rep = dev ? dev->optimizer_step() : opt.step();
     train_time += now_seconds() - t0;

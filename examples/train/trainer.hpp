@@ -57,7 +57,8 @@ struct TrainOptions {
   std::string cache_dir = default_cache_dir();  ///< corpora, tokenizers, token streams (empty: the default)
   int vocab = Defaults::vocab;  ///< SentencePiece vocabulary size V
   // ---- model
-  std::string attention = "standard";  ///< registry name: standard, leapfrog, euler, uncoupled, affine, diff, ...
+  /// a name of the variant table (attention_names()); default: its first entry without dynamics
+  std::string attention = builtin_variants.first_without_dynamics();
   int steps = 1;                       ///< integration sub-steps N
   Index hidden = 0;                    ///< dynamics width m; 0: D/H
   Index dim = Defaults::dim, layers = Defaults::layers, heads = Defaults::heads;

@@ -185,13 +185,11 @@ class VariantTable {
     return out;
   }
 
-  /// The name of the table's first entry without dynamics (the natural baseline of a comparison,
-  /// "standard" in the built-in table); empty when every entry has dynamics.
-  std::string first_without_dynamics() const {
-    for (const auto& i : infos())
-      if (!i.has_dynamics) return i.name;
-    return {};
-  }
+  /// The name of the table's first entry without dynamics (the natural baseline of a comparison:
+  /// the default variant of a model or a run), or of its first entry with dynamics; nullptr when
+  /// there is none.
+  constexpr const char* first_without_dynamics() const { return first_where(false); }
+  constexpr const char* first_with_dynamics() const { return first_where(true); }
 
   /// Calls f(type_tag<Integrator>{}, type_tag<Scoring>{}) for every compiled policy pair of the
   /// table: each entry at every step count 1..max_steps (once for a family without steps).
@@ -236,6 +234,19 @@ class VariantTable {
   }
 
  private:
+  constexpr const char* first_where(bool dynamics) const {
+    const char* out = nullptr;
+    std::apply(
+        [&](const auto&... e) {
+          ((out == nullptr && std::decay_t<decltype(e)>::family::template at<1>::has_dynamics == dynamics
+                ? (out = e.name, 0)
+                : 0),
+           ...);
+        },
+        entries_);
+    return out;
+  }
+
   template <class E, class F, int... N>
   static void each_step(F& f, std::integer_sequence<int, N...>) {
     using Family = typename E::family;
@@ -331,6 +342,9 @@ inline constexpr VariantTable builtin_variants{
     variant<Affine, Softmax>("affine"),
     variant<Affine, Differential>("diff-affine"),
 };
+
+static_assert(builtin_variants.first_without_dynamics() != nullptr && builtin_variants.first_with_dynamics() != nullptr,
+              "the built-in table needs an entry without dynamics (the default variant) and one with");
 
 namespace detail {
 template <class T, class Tuple>
@@ -453,15 +467,13 @@ class SelectedAttention final : public AnyAttention<S> {
 };
 
 /// The run-time name of the compiled policies (I, Sc): their name in the built-in table, else
-/// `fallback` when given (a consumer table's name), else "<integrator>" or "<integrator>+<scoring>".
+/// `fallback` when given (a consumer table's name), else "<integrator>+<scoring>" from the
+/// policies' own names (no variant name is made up here).
 template <class I, class Sc>
 std::string variant_name(const std::string& fallback = {}) {
   if (auto n = builtin_variants.name_of<I, Sc>()) return *n;
   if (!fallback.empty()) return fallback;
-  const std::string integrator = I::has_dynamics ? I::name : "";
-  if (std::is_same_v<Sc, Softmax>) return I::has_dynamics ? integrator : "standard";
-  if (std::is_same_v<Sc, Differential>) return I::has_dynamics ? "diff-" + integrator : "diff";
-  return (I::has_dynamics ? integrator : "standard") + "+" + Sc::name;
+  return std::string(I::name) + "+" + Sc::name;
 }
 
 /// The layer named `name` with `steps` integration steps, from `table` (see VariantTable::dispatch

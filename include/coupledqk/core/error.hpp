@@ -22,6 +22,13 @@ class io_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Raised when a computation or a device fails for a reason that is neither its arguments nor a
+/// file: a training run whose loss diverged, a failed MPI call, a device that cannot be used.
+class runtime_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 
 template <class... Parts>

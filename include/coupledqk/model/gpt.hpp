@@ -50,7 +50,9 @@ struct GptConfig {
   Index heads = 0;    ///< H, query/key pairs per token in each attention layer
   Index context = 0;  ///< maximum sequence length (rows of wpe); a batch may use any T <= context
   Index hidden = 0;   ///< m, dynamics hidden width; 0 means m = D/H
-  std::string attention = "standard";  ///< variant name (registry.hpp: attention_names())
+  /// variant name (registry.hpp: attention_names()); default: the table's first entry without
+  /// dynamics (standard attention)
+  std::string attention = builtin_variants.first_without_dynamics();
   int steps = 1;                       ///< integration sub-steps N, 1..max_steps
   double init_std = 0.02;              ///< std of every weight matrix and embedding (GPT-2)
   double dynamics_init_scale = 0.0;    ///< AttentionConfig::dynamics_init_scale (0: standard at init)
