@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include <coupledqk/variants.hpp>  // layers and models by name: the compiled table
+
 #include "flops.hpp"
 
 namespace coupledqk_bench {

@@ -31,6 +31,7 @@
 
 #include <coupledqk/io/safetensors.hpp>
 #include <coupledqk/registry.hpp>
+#include <coupledqk/variants.hpp>  // the table is compiled once, in coupledqk::variants
 
 namespace {
 

@@ -17,9 +17,6 @@
 #include <unistd.h>
 #endif
 
-namespace coupledqk {
-template std::unique_ptr<AnyGpt<float>> make_gpt<float>(const GptConfig&, std::uint64_t);
-}  // namespace coupledqk
 
 namespace coupledqk::train {
 

@@ -24,6 +24,10 @@
 #include <coupledqk/model/decoder.hpp>
 #include <coupledqk/model/gpt.hpp>
 #include <coupledqk/optim/adamw.hpp>
+// The library's model construction by name compiles every built-in variant (each with its decoder,
+// Gpt::make_decoder): the compiled table (coupledqk::variants) holds it, so no file of the example
+// pays that compile time.
+#include <coupledqk/variants.hpp>
 
 #include "tokenizer.hpp"
 
@@ -33,12 +37,7 @@ using Model = AnyGpt<float>;
 
 }  // namespace coupledqk::train
 
-// The library's model construction by name (model/gpt.hpp) compiles every built-in variant (each
-// with its decoder, Gpt::make_decoder); it is instantiated once, in checkpoint.cpp, and declared
-// here so that no other file of the example pays that compile time again.
-namespace coupledqk {
-extern template std::unique_ptr<AnyGpt<float>> make_gpt<float>(const GptConfig&, std::uint64_t);
-}  // namespace coupledqk
+
 
 namespace coupledqk::train {
 

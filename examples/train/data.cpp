@@ -593,14 +593,6 @@ std::string format_stats(const SplitStats& stats) {
   return os.str();
 }
 
-std::uint64_t fnv1a64(std::string_view bytes, std::uint64_t state) {
-  for (char c : bytes) {
-    state ^= static_cast<unsigned char>(c);
-    state *= 1099511628211ull;
-  }
-  return state;
-}
-
 std::uint64_t name_hash(std::string_view name) {
   // FNV-1a alone barely mixes its last bytes into the high bits ("ca01".."cr09" would rank by
   // prefix); the SplitMix64 finaliser spreads every input bit over the whole word.

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fnv1a.hpp"  // fnv1a64: the split and cache keys
+
 namespace coupledqk::train {
 
 /// One document: a unique name (a file name, a chapter, "file.txt#0003") and its UTF-8 text.
@@ -104,8 +106,6 @@ SplitStats split_stats(const Split& split);
 ///   train         209    9,664,210  1,611,520  2,083,000
 std::string format_stats(const SplitStats& stats);
 
-/// 64-bit FNV-1a: the fixed hash used for the split and the cache keys (same value everywhere).
-std::uint64_t fnv1a64(std::string_view bytes, std::uint64_t state = 14695981039346656037ull);
 
 /// The split's rank key: fnv1a64(name) passed through the SplitMix64 finaliser, so that similar
 /// names ("ca01", "ca02", ...) land far apart.

@@ -306,13 +306,4 @@ void Communicator::finalize() {
 #endif
 }
 
-std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 }  // namespace coupledqk::train

@@ -97,7 +97,5 @@ void together(Communicator& c, F&& f) {
   c.agree(error);
 }
 
-/// 64-bit FNV-1a of bytes, chained through `h` (configuration and data fingerprints of a run).
-std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h = 0xcbf29ce484222325ull);
 
 }  // namespace coupledqk::train

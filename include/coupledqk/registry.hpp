@@ -21,6 +21,7 @@
 // every variant (and ignored by those without dynamics).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -191,6 +192,20 @@ class VariantTable {
   constexpr const char* first_without_dynamics() const { return first_where(false); }
   constexpr const char* first_with_dynamics() const { return first_where(true); }
 
+  /// The table of entry K alone (the compiled-table shards of variants.hpp dispatch on it).
+  template <std::size_t K>
+  constexpr auto only() const {
+    return VariantTable<std::tuple_element_t<K, entries>>(std::get<K>(entries_));
+  }
+
+  /// The position of `name` in the table; the same errors as dispatch for an unknown name or a step
+  /// count outside 1..max_steps.
+  std::size_t index_of(std::string_view name, int steps) const {
+    check(name, steps);
+    const auto n = names();
+    return static_cast<std::size_t>(std::find(n.begin(), n.end(), name) - n.begin());
+  }
+
   /// Calls f(type_tag<Integrator>{}, type_tag<Scoring>{}) for every compiled policy pair of the
   /// table: each entry at every step count 1..max_steps (once for a family without steps).
   template <class F>
@@ -221,10 +236,7 @@ class VariantTable {
   /// unknown name or a step count outside 1..max_steps.
   template <class F>
   auto dispatch(std::string_view name, int steps, F&& f) const {
-    require_unique_names();
-    require(contains(name), "unknown attention variant '", bounded(name), "'; accepted: ", names_joined());
-    require(steps >= 1 && steps <= max_steps, "attention '", name, "': steps must be in 1..", max_steps,
-            "; got ", steps);
+    check(name, steps);
     using First = std::tuple_element_t<0, entries>;
     using R = decltype(f(type_tag<typename First::family::template at<1>>{}, type_tag<typename First::scoring>{}));
     std::optional<R> out;
@@ -310,6 +322,13 @@ class VariantTable {
   static void with_steps(int steps, F& f, std::optional<R>& out, std::integer_sequence<int, N...>) {
     ((steps == N + 1 ? (out.emplace(f(type_tag<typename Family::template at<N + 1>>{}, type_tag<Sc>{})), 0) : 0),
      ...);
+  }
+
+  void check(std::string_view name, int steps) const {
+    require_unique_names();
+    require(contains(name), "unknown attention variant '", bounded(name), "'; accepted: ", names_joined());
+    require(steps >= 1 && steps <= max_steps, "attention '", name, "': steps must be in 1..", max_steps,
+            "; got ", steps);
   }
 
   void require_unique_names() const {
@@ -488,11 +507,48 @@ std::unique_ptr<AnyAttention<S>> make_attention(const VariantTable<E...>& table,
   });
 }
 
-/// The built-in layer named `name`.
+/// Entry K of the built-in table at scalar S: its layers at every step count. One explicit
+/// instantiation compiles one entry, so the optional compiled table (variants.hpp, library
+/// coupledqk::variants) spreads the table over several translation units, and a program that
+/// includes variants.hpp instantiates none of it. K past the table's end: an empty class.
+template <class S, std::size_t K, class = void>
+struct BuiltinAttention {};
+template <class S, std::size_t K>
+struct BuiltinAttention<S, K, std::enable_if_t<(K < std::decay_t<decltype(builtin_variants)>::size)>> {
+  static std::unique_ptr<AnyAttention<S>> make(std::string_view name, int steps, const AttentionConfig& config,
+                                               std::uint64_t seed);
+};
+template <class S, std::size_t K>
+std::unique_ptr<AnyAttention<S>> BuiltinAttention<
+    S, K, std::enable_if_t<(K < std::decay_t<decltype(builtin_variants)>::size)>>::make(std::string_view name, int steps,
+                                                                                       const AttentionConfig& config,
+                                                                                       std::uint64_t seed) {
+  return make_attention<S>(builtin_variants.only<K>(), name, steps, config, seed);
+}
+
+namespace detail {
+/// Calls f(std::integral_constant<std::size_t, K>{}) for the K == index among 0..N-1.
+template <class F, std::size_t... K>
+auto with_index(std::size_t index, F&& f, std::index_sequence<K...>) {
+  using R = decltype(f(std::integral_constant<std::size_t, 0>{}));
+  std::optional<R> out;
+  ((index == K ? (out.emplace(f(std::integral_constant<std::size_t, K>{})), 0) : 0), ...);
+  return std::move(*out);
+}
+template <class F>
+auto with_builtin_index(std::size_t index, F&& f) {
+  return with_index(index, std::forward<F>(f),
+                    std::make_index_sequence<std::decay_t<decltype(builtin_variants)>::size>{});
+}
+}  // namespace detail
+
+/// The built-in layer named `name` (see VariantTable::dispatch for the errors).
 template <class S>
 std::unique_ptr<AnyAttention<S>> make_attention(std::string_view name, int steps, const AttentionConfig& config,
                                                 std::uint64_t seed = 0) {
-  return make_attention<S>(builtin_variants, name, steps, config, seed);
+  return detail::with_builtin_index(builtin_variants.index_of(name, steps), [&](auto k) {
+    return BuiltinAttention<S, decltype(k)::value>::make(name, steps, config, seed);
+  });
 }
 
 }  // namespace coupledqk

@@ -506,9 +506,27 @@ std::unique_ptr<AnyGpt<S>> make_gpt(const GptConfig& config, std::uint64_t seed,
     return std::make_unique<Gpt<S, I, Sc>>(config, seed, config.attention);
   });
 }
+/// Entry K of the built-in table at scalar S as a GPT (see BuiltinAttention in registry.hpp: one
+/// explicit instantiation compiles one entry's models).
+template <class S, std::size_t K, class = void>
+struct BuiltinGpt {};
+template <class S, std::size_t K>
+struct BuiltinGpt<S, K, std::enable_if_t<(K < std::decay_t<decltype(builtin_variants)>::size)>> {
+  static std::unique_ptr<AnyGpt<S>> make(const GptConfig& config, std::uint64_t seed);
+};
+template <class S, std::size_t K>
+std::unique_ptr<AnyGpt<S>> BuiltinGpt<S, K, std::enable_if_t<(K < std::decay_t<decltype(builtin_variants)>::size)>>::make(
+    const GptConfig& config, std::uint64_t seed) {
+  return make_gpt<S>(config, seed, builtin_variants.only<K>());
+}
+
+/// The GPT of a built-in variant (config.attention, config.steps).
 template <class S>
 std::unique_ptr<AnyGpt<S>> make_gpt(const GptConfig& config, std::uint64_t seed = 0) {
-  return make_gpt<S>(config, seed, builtin_variants);
+  validate(config);
+  return detail::with_builtin_index(builtin_variants.index_of(config.attention, config.steps), [&](auto k) {
+    return BuiltinGpt<S, decltype(k)::value>::make(config, seed);
+  });
 }
 
 /// Calls f(Gpt<S, I, Sc>&) with the compiled model behind `model` (for code written once for every
