@@ -41,7 +41,6 @@ struct Affine {
   static constexpr bool is_reversible = true;
   static constexpr bool has_dynamics = true;
   static constexpr const char* name = "affine";
-  static constexpr StepForm form = StepForm::affine_coupling;
 
   template <class S>
   using parameters = AffineParameters<S>;

@@ -69,7 +69,6 @@ struct Uncoupled {
   static constexpr bool is_reversible = false;
   static constexpr bool has_dynamics = true;
   static constexpr const char* name = "uncoupled";
-  static constexpr StepForm form = StepForm::separate;
 
   template <class S>
   using parameters = UncoupledParameters<S>;
