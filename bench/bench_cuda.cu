@@ -10,11 +10,19 @@
 //     cuda/gpt/<variant>/<steps>/<precision>/V<V>/D<D>/L<L>/H<H>/T<T>/B<B>  (one training step:
 //                                   forward, backward, AdamW with clipping)
 //     cuda/gemm/<precision>/<n>
+// The variants come from the variant table (coupledqk::builtin_variants): every one the device
+// supports (cuda::device_support_of: its integrator's DeviceDynamics and its scoring's DeviceScoring)
+// at 1 step, and the table's first symplectic flow (the paper's integrator) at 3 steps too; the GPT
+// step for the table's first variant without dynamics (the baseline) and that flow.
 // The issue's shape is B=16, T=1024, D=512, H=8 (d=64), bf16.
 #include <benchmark/benchmark.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <coupledqk/coupledqk.hpp>
@@ -177,6 +185,45 @@ void register_layer(const std::string& variant) {
     }
 }
 
+// ---- the cases, from the variant table --------------------------------------------------------
+
+using Table = std::decay_t<decltype(cqk::builtin_variants)>;
+template <std::size_t K>
+using Entry = std::tuple_element_t<K, typename Table::entries>;
+template <std::size_t K>
+using EntryAtOne = typename Entry<K>::family::template at<1>;  // the entry's integrator at 1 step
+
+/// The first entry (in table order) whose integrator satisfies Pred, or Table::size.
+template <template <class> class Pred, std::size_t... K>
+constexpr std::size_t first_entry(std::index_sequence<K...>) {
+  std::size_t out = Table::size;
+  ((out == Table::size && Pred<EntryAtOne<K>>::value ? (out = K, 0) : 0), ...);
+  return out;
+}
+template <class I>
+struct is_baseline : std::bool_constant<!I::has_dynamics> {};
+template <class I>
+struct is_symplectic_flow : std::bool_constant<I::has_dynamics && I::is_symplectic> {};
+constexpr auto kEntries = std::make_index_sequence<Table::size>{};
+constexpr std::size_t kBaseline = first_entry<is_baseline>(kEntries);
+constexpr std::size_t kFlow = first_entry<is_symplectic_flow>(kEntries);
+static_assert(kBaseline < Table::size && kFlow < Table::size,
+              "bench_cuda: the variant table needs an entry without dynamics and one with a symplectic flow");
+
+/// Entry K's layer benchmarks at 1 step (and at 3 for the flow), if the device supports it.
+template <std::size_t K>
+void register_entry(const std::string& name) {
+  using Sc = typename Entry<K>::scoring;
+  if constexpr (cu::device_support_of<EntryAtOne<K>, Sc>().both()) {
+    register_layer<EntryAtOne<K>, Sc>(name);
+    if constexpr (K == kFlow) register_layer<typename Entry<K>::family::template at<3>, Sc>(name);
+  }
+}
+template <std::size_t... K>
+void register_layers(const std::vector<std::string>& names, std::index_sequence<K...>) {
+  (register_entry<K>(names[K]), ...);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -194,23 +241,16 @@ int main(int argc, char** argv) {
 
   benchmark::RegisterBenchmark("cuda/gemm/f32/8192", gemm_benchmark<float>)->Arg(8192)->UseManualTime()->Iterations(1);
   benchmark::RegisterBenchmark("cuda/gemm/bf16/8192", gemm_benchmark<cu::bf16>)->Arg(8192)->UseManualTime()->Iterations(1);
-  register_layer<cqk::Identity, cqk::Softmax>("standard");
-  register_layer<cqk::Leapfrog<1>, cqk::Softmax>("leapfrog");
-  register_layer<cqk::Leapfrog<3>, cqk::Softmax>("leapfrog");
-  register_layer<cqk::Euler<1>, cqk::Softmax>("euler");
-  register_layer<cqk::Uncoupled<1>, cqk::Softmax>("uncoupled");
-  register_layer<cqk::Identity, cqk::Differential>("diff");
-  register_layer<cqk::Leapfrog<1>, cqk::Differential>("diff-leapfrog");
-  register_layer<cqk::Affine<1>, cqk::Softmax>("affine");
-  register_layer<cqk::Affine<1>, cqk::Differential>("diff-affine");
+  const std::vector<std::string> names = cqk::builtin_variants.names();
+  register_layers(names, kEntries);
   // The paper-like model of the issue: D=512, L=8, H=8, T=1024, V=8192 (about 30M parameters).
-  for (const char* v : {"standard", "leapfrog"})
+  for (const std::string& v : {names[kBaseline], names[kFlow]})
     for (cu::Precision p : {cu::Precision::bf16, cu::Precision::f32}) {
       const int V = 8192, D = 512, L = 8, H = 8, T = 1024, B = 16;
-      const std::string name = std::string("cuda/gpt/") + v + "/1/" + cu::to_string(p) + "/V" + std::to_string(V) +
-                               "/D" + std::to_string(D) + "/L" + std::to_string(L) + "/H" + std::to_string(H) + "/T" +
+      const std::string name = "cuda/gpt/" + v + "/1/" + cu::to_string(p) + "/V" + std::to_string(V) + "/D" +
+                               std::to_string(D) + "/L" + std::to_string(L) + "/H" + std::to_string(H) + "/T" +
                                std::to_string(T) + "/B" + std::to_string(B);
-      benchmark::RegisterBenchmark(name.c_str(), gpt_benchmark, std::string(v), 1, p, V, D, L, H, T, B)
+      benchmark::RegisterBenchmark(name.c_str(), gpt_benchmark, v, 1, p, V, D, L, H, T, B)
           ->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
     }
   benchmark::Initialize(&argc, argv);

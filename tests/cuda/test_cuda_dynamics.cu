@@ -46,7 +46,41 @@ static_assert(has_device_dynamics<cq::SymplecticSplitting<cq::LeapfrogScheme, 4>
 static_assert(!has_device_dynamics<NotAPolicyWeKnow>);
 static_assert(!has_device_dynamics<cq::Leapfrog<40>>);  // 81 merged stages > 64
 
+// A consumer's own family, added without editing the library: one DeviceDynamics specialisation
+// (here of one policy; a family selects its policies by a trait). Its kernels only count the calls.
+struct ConsumerFlow {
+  static constexpr int steps = 1;
+  static constexpr int order = 1;
+  static constexpr bool is_symplectic = false;
+  static constexpr bool is_coupled = true;
+  static constexpr bool is_reversible = false;
+  static constexpr bool has_dynamics = true;
+  static constexpr const char* name = "consumer-flow";
+  template <class S>
+  using parameters = cq::HamiltonianParameters<S>;
+};
+inline int consumer_forward_calls = 0;
+inline int consumer_backward_calls = 0;
+
 }  // namespace dynamics_test
+
+namespace coupledqk::cuda {
+template <>
+struct DeviceDynamics<dynamics_test::ConsumerFlow> {
+  static constexpr bool supported = true;
+  static void validate(const DynamicsDims& dims, const char* fn) { dynamics_detail::validate_head_dim(dims, fn, 16); }
+  template <class T>
+  static void forward(const DynamicsDims&, const float*, const float*, const T*, const T*, T*, T*, cudaStream_t) {
+    ++dynamics_test::consumer_forward_calls;
+  }
+  template <class T>
+  static void backward(const DynamicsDims&, const float*, const float*, const T*, const T*, float*, float*, float*,
+                       float*, cudaStream_t) {
+    ++dynamics_test::consumer_backward_calls;
+  }
+};
+}  // namespace coupledqk::cuda
+static_assert(coupledqk::cuda::has_device_dynamics<dynamics_test::ConsumerFlow>);
 
 namespace {
 
@@ -381,4 +415,34 @@ TEST_CASE("device dynamics: launch plans (printed for the record)") {
       CHECK(lp.blocks >= 1);
     }
   }
+}
+
+TEST_CASE("device dynamics: a consumer's family is one DeviceDynamics specialisation, reached after the shared checks") {
+  using dynamics_test::ConsumerFlow;
+  DeviceBuffer<float> buf(64);
+  float* b = buf.data();
+  const DynamicsDims dims{4, 2, 8, 8};
+  const int forward_before = dynamics_test::consumer_forward_calls;
+  const int backward_before = dynamics_test::consumer_backward_calls;
+  cuda::dynamics_forward<ConsumerFlow, float>(dims, b, b, b, b, b, b);
+  cuda::dynamics_backward<ConsumerFlow, float>(dims, b, b, b, b, b, b, b, b);
+  CHECK(dynamics_test::consumer_forward_calls == forward_before + 1);
+  CHECK(dynamics_test::consumer_backward_calls == backward_before + 1);
+  // its own validation, and the shared checks, run before its kernels
+  const std::string wide = error_of([&] {
+    cuda::dynamics_forward<ConsumerFlow, float>(DynamicsDims{4, 2, 32, 8}, b, b, b, b, b, b);
+  });
+  CHECK(wide.find("head_dim d = 32 is not supported; accepted: 1 <= d <= 16") != std::string::npos);
+  const std::string no_params = error_of([&] {
+    cuda::dynamics_backward<ConsumerFlow, float>(dims, nullptr, b, b, b, b, b, b, b);
+  });
+  CHECK(no_params.find("params is null") != std::string::npos);
+  const std::string no_heads = error_of([&] {
+    cuda::dynamics_forward<ConsumerFlow, float>(DynamicsDims{4, 0, 8, 8}, b, b, b, b, b, b);
+  });
+  CHECK(no_heads.find("heads H = 0") != std::string::npos);
+  CHECK(dynamics_test::consumer_forward_calls == forward_before + 1);
+  CHECK(dynamics_test::consumer_backward_calls == backward_before + 1);
+  // a family without launch_plan reports no launch
+  CHECK(cuda::dynamics_launch_plan<ConsumerFlow, float>(dims, false).blocks == 0);
 }

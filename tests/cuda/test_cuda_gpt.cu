@@ -519,6 +519,83 @@ TEST_CASE("cuda gpt: layout, workspace growth and errors") {
                        coupledqk::invalid_argument);
 }
 
+// ---- device support: checked per policy, refused at run time --------------------------------------
+
+/// Softmax's maths under another type: a complete scoring policy without a DeviceScoring.
+struct HostOnlyScoring : Softmax {
+  static constexpr const char* name = "host-only-scoring";
+};
+
+/// A complete integrator policy of no family the device code knows (no DeviceDynamics).
+struct HostOnlyFlow {
+  static constexpr int steps = 1;
+  static constexpr int order = 1;
+  static constexpr bool is_symplectic = false;
+  static constexpr bool is_coupled = true;
+  static constexpr bool is_reversible = false;
+  static constexpr bool has_dynamics = true;
+  static constexpr const char* name = "host-only-flow";
+  template <class S>
+  using parameters = HamiltonianParameters<S>;
+};
+static_assert(CheckIntegrator<HostOnlyFlow>::value);
+static_assert(!cuda::DeviceScoring<HostOnlyScoring>::supported && !cuda::has_device_dynamics<HostOnlyFlow>);
+
+/// A consumer's table holding both: it compiles (nothing device-side is instantiated for them).
+constexpr VariantTable host_only_variants{
+    variant<Identity, HostOnlyScoring>("plain-host-scoring"),
+    variant<HostOnlyFlow, Softmax>("host-flow"),
+    variant<HostOnlyFlow, HostOnlyScoring>("host-flow-host-scoring"),
+};
+
+std::string make_gpt_error(const std::string& name) {
+  GptConfig cfg = tiny_config();
+  cfg.attention = name;
+  cfg.steps = 1;
+  try {
+    (void)cuda::make_gpt(cfg, cuda::Precision::f32, host_only_variants);
+  } catch (const coupledqk::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST_CASE("cuda gpt: a variant whose integrator or scoring has no device kernels is refused at run time, by name") {
+  for (const std::string& name : builtin_variants.names())
+    for (int steps = 1; steps <= max_steps; ++steps) {
+      INFO(name, " ", steps);
+      CHECK(cuda::variant_supported(name, steps));
+    }
+  CHECK_FALSE(cuda::variant_supported("nope", 1));
+  CHECK_FALSE(cuda::variant_supported("leapfrog", max_steps + 1));
+
+  CHECK_FALSE(cuda::variant_supported(host_only_variants, "plain-host-scoring", 1));
+  CHECK_FALSE(cuda::variant_supported(host_only_variants, "host-flow", 1));
+  CHECK_FALSE(cuda::variant_supported(host_only_variants, "host-flow-host-scoring", 1));
+  const cuda::DeviceSupport scoring_only = cuda::device_support(host_only_variants, "plain-host-scoring");
+  CHECK(scoring_only.integrator);
+  CHECK_FALSE(scoring_only.scoring);
+  const cuda::DeviceSupport flow_only = cuda::device_support(host_only_variants, "host-flow");
+  CHECK_FALSE(flow_only.integrator);
+  CHECK(flow_only.scoring);
+  const cuda::DeviceSupport leapfrog = cuda::device_support("diff-leapfrog", 3);
+  CHECK((leapfrog.integrator && leapfrog.scoring && leapfrog.both()));
+  CHECK_THROWS_WITH_AS(cuda::device_support(host_only_variants, "nope"), doctest::Contains("unknown attention variant 'nope'"),
+                       coupledqk::invalid_argument);
+
+  const std::string scoring = make_gpt_error("plain-host-scoring");
+  CHECK(scoring.find("attention 'plain-host-scoring'") != std::string::npos);
+  CHECK(scoring.find("its scoring 'host-only-scoring' has no device kernels") != std::string::npos);
+  CHECK(scoring.find("its integrator") == std::string::npos);
+  const std::string flow = make_gpt_error("host-flow");
+  CHECK(flow.find("attention 'host-flow'") != std::string::npos);
+  CHECK(flow.find("its integrator 'host-only-flow' has no device kernels") != std::string::npos);
+  CHECK(flow.find("its scoring") == std::string::npos);
+  const std::string both = make_gpt_error("host-flow-host-scoring");
+  CHECK(both.find("its integrator 'host-only-flow'") != std::string::npos);
+  CHECK(both.find("its scoring 'host-only-scoring'") != std::string::npos);
+}
+
 #ifdef COUPLEDQK_TEST_DEVICE_TRAINER
 TEST_CASE("cuda trainer (coupledqk-train --device cuda): registry models, host <-> device, steps") {
   using namespace coupledqk::train;

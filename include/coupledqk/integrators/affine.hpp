@@ -41,7 +41,6 @@ struct Affine {
   static constexpr bool is_reversible = true;
   static constexpr bool has_dynamics = true;
   static constexpr const char* name = "affine";
-  static constexpr StepForm form = StepForm::affine_coupling;
 
   /// Forward FLOPs per (q, k) pair: per step two conditioners, each [d x m] then [m x 2d] (s and t):
   /// 2 (2 d m + 4 d m) = 12 d m, so 12 d m N.

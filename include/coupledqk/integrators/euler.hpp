@@ -30,7 +30,6 @@ struct HamiltonianEuler {
   static constexpr bool is_reversible = false;  // its inverse is implicit
   static constexpr bool has_dynamics = true;
   static constexpr const char* name = "euler";
-  static constexpr StepForm form = StepForm::simultaneous;
   using hamiltonian = Ham;
 
   /// Forward FLOPs per (q, k) pair: both fields once per step, N (grad V + grad T).

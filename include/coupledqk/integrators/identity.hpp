@@ -13,7 +13,6 @@ struct Identity {
   static constexpr bool is_reversible = true;
   static constexpr bool has_dynamics = false;
   static constexpr const char* name = "identity";
-  static constexpr StepForm form = StepForm::identity;
 
   /// No dynamics: no work.
   static constexpr double flops_per_pair(double, double) { return 0; }

@@ -33,10 +33,6 @@
 //       MatrixRef<S> dq, MatrixRef<S> dk, parameters<S>& grad, Vector<S>& dtau,
 //       DynamicsMemory memory);
 //
-//   // Optional: how the sub-steps are built (StepForm below, default StepForm::other), for fast
-//   // paths that re-implement a family of policies (the CUDA kernels read it, never a name).
-//   static constexpr StepForm form;
-//
 // A symplectic splitting method (kicks and drifts of a separable Hamiltonian, integrators/
 // splitting.hpp) needs only its coefficients, see examples/forest_ruth.hpp; a new Hamiltonian
 // (potential/kinetic pair) is one struct, see dynamics/hamiltonian.hpp. CheckIntegrator<I> below
@@ -53,16 +49,6 @@
 #include "../dynamics/shape.hpp"
 
 namespace coupledqk {
-
-/// How a policy builds its sub-steps (a description of the maths, for fast paths).
-enum class StepForm {
-  other,         ///< anything else: only the policy's own forward/backward know it
-  identity,      ///< q' = q, k' = k
-  splitting,     ///< kicks and drifts of a separable Hamiltonian (a `plan` and a `hamiltonian`)
-  simultaneous,  ///< explicit Euler on a separable Hamiltonian: both updates read the step's input
-  separate,      ///< q and k each moved by their own field (Uncoupled)
-  affine_coupling,  ///< alternating affine updates k <- k exp(h s_k(q)) + h t_k(q), then q (Affine)
-};
 
 /// The default scratch of a policy that declares none.
 struct NoScratch {};
@@ -84,19 +70,11 @@ template <class I, class S>
 struct scratch_of<I, S, std::void_t<typename I::template scratch<S>>> {
   using type = typename I::template scratch<S>;
 };
-template <class I, class = void>
-struct form_of : std::integral_constant<StepForm, StepForm::other> {};
-template <class I>
-struct form_of<I, std::void_t<decltype(I::form)>> : std::integral_constant<StepForm, I::form> {};
 }  // namespace detail
 
 /// The trace type of policy I at scalar S.
 template <class I, class S>
 using trace_of = StateTrace<S, typename detail::scratch_of<I, S>::type>;
-
-/// I::form, or StepForm::other when the policy does not say.
-template <class I>
-inline constexpr StepForm step_form = detail::form_of<I>::value;
 
 /// Per-row dot products: out[r] = a.row(r) . b.row(r). An expression (nothing is allocated), to be
 /// used while a and b are alive.

@@ -122,7 +122,6 @@ struct SymplecticSplitting {
   static constexpr bool is_reversible = true;
   static constexpr bool has_dynamics = true;
   static constexpr const char* name = Scheme::name;
-  static constexpr StepForm form = StepForm::splitting;
   static constexpr auto plan = make_splitting_plan<Steps>(Scheme::stages);
   using hamiltonian = Ham;
 

@@ -70,7 +70,6 @@ struct Uncoupled {
   static constexpr bool is_reversible = false;
   static constexpr bool has_dynamics = true;
   static constexpr const char* name = "uncoupled";
-  static constexpr StepForm form = StepForm::separate;
 
   /// Forward FLOPs per (q, k) pair: per step two fields of half width m/2, each [d x m/2] then
   /// [m/2 x d]: 2 N (2 d m).

@@ -5,8 +5,9 @@
 //         k <- k * exp(h s_k(q)) + h t_k(q);      q <- q * exp(h s_q(k)) + h t_q(k)
 //     conditioner (reads c [d]):  u = tanh(A c + a) [m];  s = 2 tanh((S u + s0) / 2);  t = T u + t0
 //
-// Reached through dynamics_forward / dynamics_backward (dynamics.cuh) for any policy derived from
-// Affine<N>: same arguments, same contract.
+// Reached through dynamics_forward / dynamics_backward (dynamics.cuh) for Affine<N> and any policy
+// derived from it: same arguments, same contract, through the DeviceDynamics specialisation at the
+// end of this file (a family with its own kernels: one header like this one).
 //
 // ---- Memory layout --------------------------------------------------------------------------
 // q, k: [P, d] row-major, storage T (float or bf16, converted to float on load, rounded on store;
@@ -36,7 +37,7 @@
 // again 6 m d, then 4 m d (zbar) + 6 m d (dS, dT, dA) + 2 m d (dc).
 // This is a first, plain version: weights are read from global memory (L1 / L2 resident), not
 // staged in shared memory, and no register tiling; it has not been timed on a GPU.
-// Limits: 1 <= d <= 128, 1 <= m <= 128 (checked by dynamics.cuh's validate).
+// Limits: 1 <= d <= 128, 1 <= m <= 128 (checked by DeviceDynamics<Affine<N>>::validate below).
 #pragma once
 
 #include <algorithm>
@@ -326,14 +327,9 @@ inline unsigned blocks_for(Index tiles) {
   return static_cast<unsigned>(std::max<Index>(1, std::min(tiles, resident)));
 }
 
-}  // namespace affine_detail
-
-namespace dynamics_detail {
-
 template <class T>
-void affine_forward(const DynamicsDims& dims, int steps, const float* params, const float* rho, const T* q_in,
-                    const T* k_in, T* q_out, T* k_out, cudaStream_t stream) {
-  using namespace affine_detail;
+void forward(const DynamicsDims& dims, int steps, const float* params, const float* rho, const T* q_in, const T* k_in,
+             T* q_out, T* k_out, cudaStream_t stream) {
   const int d = static_cast<int>(dims.head_dim), m = static_cast<int>(dims.hidden);
   const int R = tile_rows(d, m);
   const Index tiles = (dims.pairs + R - 1) / R;
@@ -346,20 +342,44 @@ void affine_forward(const DynamicsDims& dims, int steps, const float* params, co
 // dq, dk: the dtau of a pair is d loss / d tau = (1 / N) sum over updates of dx . (x E s + t); the
 // kernel sums dx . (x E s + t) and applies 1 / N with sigmoid(rho) when adding to drho.
 template <class T>
-void affine_backward(const DynamicsDims& dims, int steps, const float* params, const float* rho, const T* q_in,
-                     const T* k_in, float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream) {
-  using namespace affine_detail;
+void backward(const DynamicsDims& dims, int steps, const float* params, const float* rho, const T* q_in, const T* k_in,
+              float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream) {
   const int d = static_cast<int>(dims.head_dim), m = static_cast<int>(dims.hidden);
   const int R = tile_rows(d, m);
   const Index tiles = (dims.pairs + R - 1) / R;
   const unsigned blocks = blocks_for(tiles);
   const Conditioner o = conditioner_offsets(d, m);
-  const Scratch scratch(static_cast<std::size_t>(2 * o.size) * blocks * sizeof(float), stream, device_limits().pools != 0);
+  const dynamics_detail::Scratch scratch(static_cast<std::size_t>(2 * o.size) * blocks * sizeof(float), stream,
+                                         dynamics_detail::device_limits().pools != 0);
   const Args<T> a{dims.pairs, dims.heads, d,  m,  steps,   R,    params,       rho, q_in,
                   k_in,       nullptr,    nullptr, dq, dk, dparams, drho, scratch.get()};
   const std::size_t bytes = static_cast<std::size_t>(shared_floats(R, d, m, true)) * sizeof(float);
   launch(affine_backward_kernel<T>, blocks, kThreads, bytes, stream, a);
 }
 
-}  // namespace dynamics_detail
+}  // namespace affine_detail
+
+/// Affine<N> and the policies derived from it: the kernels above.
+template <class I>
+struct DeviceDynamics<I, std::enable_if_t<dynamics_detail::derives_from_steps<::coupledqk::Affine, I>()>> {
+  static constexpr bool supported = true;
+
+  static void validate(const DynamicsDims& dims, const char* fn) {
+    dynamics_detail::validate_head_dim(dims, fn, dynamics_detail::kMaxDim);
+    dynamics_detail::validate_hidden(dims, fn);
+  }
+
+  template <class T>
+  static void forward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
+                      T* q_out, T* k_out, cudaStream_t stream) {
+    affine_detail::forward<T>(dims, I::steps, params, rho, q_in, k_in, q_out, k_out, stream);
+  }
+
+  template <class T>
+  static void backward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
+                       float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream) {
+    affine_detail::backward<T>(dims, I::steps, params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
+  }
+};
+
 }  // namespace coupledqk::cuda

@@ -102,8 +102,11 @@ template <class Integrator, class Scoring, class T = float>
 class Attention {
   static_assert(is_storage<T>::value, "coupledqk::cuda::Attention: storage T must be float or bf16");
   static_assert(CheckIntegrator<Integrator>::value, "coupledqk::cuda::Attention: the integrator policy is incomplete");
-  static_assert(!Integrator::has_dynamics || has_device_dynamics<Integrator>,
-                "coupledqk::cuda::Attention: this integrator has no device implementation (dynamics.cuh)");
+  static_assert(has_device_dynamics<Integrator>,
+                "coupledqk::cuda::Attention: this integrator has no device implementation (DeviceDynamics<I>, "
+                "dynamics.cuh)");
+  static_assert(DeviceScoring<Scoring>::supported,
+                "coupledqk::cuda::Attention: this scoring has no device implementation (DeviceScoring<Sc>, scoring.cuh)");
 
  public:
   using Host = coupledqk::Attention<float, Integrator, Scoring>;

@@ -1,11 +1,42 @@
-// Fused coupled query-key dynamics on the GPU: every integrator policy, forward and backward.
+// Fused coupled query-key dynamics on the GPU: the device contract of an integrator policy, and the
+// kernels of the families lowered to tanh ops, forward and backward.
 //
 // The same maths as the CPU policies (include/coupledqk/integrators/*.hpp, method spec sections
 // 2-3), applied to P (query, key) pairs, each a row of two [P, d] matrices q and k; pair r belongs to
 // head r % H and is integrated for tau_h = softplus(rho_h) in N sub-steps of size h = tau_h / N.
 //
-// ---- The maths, per policy --------------------------------------------------------------------
-// Every policy is a sequence of "ops" built from one nonlinearity (dynamics/tanh_map.hpp),
+//     dynamics_forward<I, T>(dims, params, rho, q_in, k_in, q_out, k_out, stream)
+//     dynamics_backward<I, T>(dims, params, rho, q_in, k_in, dq, dk, dparams, drho, stream)
+//
+// ---- Families: DeviceDynamics<I> -------------------------------------------------------------
+// What a policy runs on the device is the specialisation DeviceDynamics<I> of its family (as
+// DeviceScoring<Sc> is a scoring's, scoring.cuh); the primary template means "no device kernels"
+// (supported = false; has_device_dynamics<I>, variant_supported and make_gpt read it). Each
+// specialisation is selected by a trait of the CPU policy, never by its name (the second template
+// parameter: `template <class I> struct DeviceDynamics<I, std::enable_if_t<trait<I>>>`), and holds
+//
+//     static constexpr bool supported;                            // within the kernels' limits
+//     static void validate(const DynamicsDims&, const char* fn);  // d, m; throws invalid_argument
+//     template <class T> static void forward(dims, params, rho, q_in, k_in, q_out, k_out, stream);
+//     template <class T> static void backward(dims, params, rho, q_in, k_in, dq, dk, dparams, drho,
+//                                             stream);
+//     template <class T> static LaunchPlan launch_plan(dims, backward);   // optional (reports)
+//
+// with the arguments of dynamics_forward / dynamics_backward, already checked (P >= 1, H >= 1, no
+// null pointer; params and rho only for policies with dynamics). The built-in families:
+//   Identity           any policy without dynamics (has_dynamics false)      this file
+//   splitting          a `plan` member (SymplecticSplitting: Leapfrog<N>,    this file (tanh ops)
+//                      examples/forest_ruth.hpp, any scheme) and `hamiltonian` = TanhHamiltonian
+//   Euler              HamiltonianEuler<N, TanhHamiltonian> and derived      this file (tanh ops)
+//   Uncoupled          Uncoupled<N> and derived                              this file (tanh ops)
+//   Affine             Affine<N> and derived                                 affine.cuh (own kernels)
+// A family whose maths is a sequence of tanh ops (below) needs only its op list, its parameter
+// offsets and its validation (derive from dynamics_detail::TanhOpsDynamics); one with other maths
+// brings its kernels in its own header, as affine.cuh does (docs/design.md, "Adding an integrator
+// family's GPU kernels").
+//
+// ---- The maths of the tanh-op families ----------------------------------------------------------
+// Each of these policies is a sequence of "ops" built from one nonlinearity (dynamics/tanh_map.hpp),
 //
 //     y_f(x) = (s_f * tanh(x A_f^T + beta_f)) B_f          x: [d]   A_f, B_f: [r, d]   s_f, beta_f: [r]
 //     op (f, c):   moved += c h y_f(arg)                     c: signed coefficient in units of h
@@ -25,8 +56,9 @@
 //   * Affine<N> (the invertible affine coupling) is not a sum of tanh ops: its own kernels live in
 //     affine.cuh (included at the end of this file) and are reached through the same two functions.
 // The step count and the op list (field bit + float coefficient per op, at most 64 ops) are RUNTIME
-// kernel arguments; kernels are templated only on the kind (splitting / euler / uncoupled) and the
-// storage type T, so the whole policy registry instantiates at most 6 forward + 6 backward kernels.
+// kernel arguments; kernels are templated only on the family's OpForm (tied weights, ops per group,
+// which state a field moves: three forms for splitting / Euler / Uncoupled) and the storage type T,
+// so the whole policy registry instantiates at most 6 forward + 6 backward kernels.
 //
 // Backward of one op (cf. splitting_stage_vjp, Euler::backward, Uncoupled::branch_vjp), with
 // x = the op's argument at its input, dm = the cotangent of the moved state (the op's output),
@@ -88,7 +120,7 @@
 // backward 160-168; no spills, no stack frame.
 //
 // Limits: 1 <= d <= 128, 1 <= m <= 128 (even for Uncoupled), at most 64 ops (Leapfrog N <= 31,
-// Forest-Ruth N <= 10, Euler / Uncoupled N <= 32; has_device_dynamics is false beyond). Identity
+// Forest-Ruth N <= 10, Euler / Uncoupled N <= 32; DeviceDynamics<I>::supported is false beyond). Identity
 // launches nothing and accepts any d >= 1. Shapes outside the limits throw coupledqk::invalid_argument
 // naming the value and the accepted range; CUDA failures throw cuda_error.
 #pragma once
@@ -100,6 +132,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <coupledqk/integrators/affine.hpp>
@@ -120,6 +153,13 @@ struct DynamicsDims {
   Index hidden;
 };
 
+/// The device kernels of integrator policy I: the primary template, "none". Families specialise it
+/// (see the header comment); `Enable` is the specialisations' selector (void when selected).
+template <class I, class Enable = void>
+struct DeviceDynamics {
+  static constexpr bool supported = false;
+};
+
 namespace dynamics_detail {
 
 constexpr int kThreads = 256;
@@ -127,36 +167,20 @@ constexpr int kMaxOps = 64;
 constexpr int kMaxDim = 128;
 constexpr int kMaxSharedHeads = 1024;
 
-enum class Kind : int { identity, splitting, euler, uncoupled, affine, unsupported };
-
-/// What the device code does for a policy, from its declared step form and Hamiltonian (never its
-/// name): splitting methods and explicit Euler of the tanh Hamiltonian, Uncoupled's and the affine
-/// coupling's parameters.
-template <class I>
-constexpr Kind kind_of() {
-  constexpr StepForm form = step_form<I>;
-  if constexpr (!I::has_dynamics) {
-    return Kind::identity;
-  } else if constexpr (form == StepForm::splitting) {
-    if constexpr (std::is_same_v<typename I::hamiltonian, TanhHamiltonian>)
-      return I::plan.size <= kMaxOps ? Kind::splitting : Kind::unsupported;
-    else
-      return Kind::unsupported;
-  } else if constexpr (form == StepForm::simultaneous) {
-    if constexpr (std::is_same_v<typename I::hamiltonian, TanhHamiltonian>)
-      return 2 * I::steps <= kMaxOps ? Kind::euler : Kind::unsupported;
-    else
-      return Kind::unsupported;
-  } else if constexpr (form == StepForm::separate &&
-                       std::is_same_v<typename I::template parameters<float>, UncoupledParameters<float>>) {
-    return 2 * I::steps <= kMaxOps ? Kind::uncoupled : Kind::unsupported;
-  } else if constexpr (form == StepForm::affine_coupling &&
-                       std::is_same_v<typename I::template parameters<float>, AffineParameters<float>>) {
-    return Kind::affine;
-  } else {
-    return Kind::unsupported;
-  }
-}
+/// The compile-time shape of a tanh-op family's program, the kernels' only template parameter
+/// besides T:
+///   Tied:     B = A with a learned scale s (the gradient fields of a Hamiltonian); false: B = P2^T,
+///             s = 1 (Uncoupled's MLP branches)
+///   Group:    ops per group: 1 (each op reads the previous one's output: splitting) or 2 (both ops
+///             read the group's input: Euler's simultaneous pair, Uncoupled's two branches)
+///   OwnState: field f moves state f (no coupling); false: it moves the other state, 1 - f
+template <bool Tied, int Group, bool OwnState>
+struct OpForm {
+  static_assert(Group == 1 || Group == 2, "OpForm: a group holds one or two ops");
+  static constexpr bool tied = Tied;
+  static constexpr int group = Group;
+  static constexpr bool own_state = OwnState;
+};
 
 /// The runtime op list: op o acts with field (field_bits >> o) & 1 and coefficient coef[o].
 struct OpList {
@@ -166,59 +190,29 @@ struct OpList {
   float coef[kMaxOps] = {};
 };
 
-template <class I>
-OpList make_ops() {
-  constexpr Kind kind = kind_of<I>();
-  OpList ops;
-  ops.steps = I::steps;
-  if constexpr (kind == Kind::splitting) {
-    ops.count = I::plan.size;
-    for (int i = 0; i < I::plan.size; ++i) {
-      const bool kick = I::plan.stage[i].kind == StageKind::kick;
-      if (!kick) ops.field_bits |= 1ull << i;
-      ops.coef[i] = static_cast<float>(kick ? -I::plan.stage[i].coef : I::plan.stage[i].coef);
-    }
-  } else if constexpr (kind == Kind::euler || kind == Kind::uncoupled) {
-    ops.count = 2 * I::steps;
-    for (int s = 0; s < I::steps; ++s) {
-      if (kind == Kind::euler) {  // drift (f = 1, moves q, +1), kick (f = 0, moves k, -1)
-        ops.field_bits |= 1ull << (2 * s);
-        ops.coef[2 * s] = 1.f;
-        ops.coef[2 * s + 1] = -1.f;
-      } else {  // q branch (f = 0), k branch (f = 1), both +1
-        ops.field_bits |= 1ull << (2 * s + 1);
-        ops.coef[2 * s] = 1.f;
-        ops.coef[2 * s + 1] = 1.f;
-      }
-    }
-  }
-  return ops;
-}
-
 /// Offsets of each field's tensors in the flat parameter array (-1: absent).
 struct ParamOffsets {
   Index A[2], B[2], bias[2], scale[2];
 };
 
-inline ParamOffsets param_offsets(Kind kind, Index d, Index m) {
+/// What one call of a tanh-op family runs: its op list, the width r of each field's hidden layer and
+/// where each field's tensors are in params.
+struct OpProgram {
+  OpList ops;
+  Index r = 0;
+  ParamOffsets po{};
+};
+
+/// TanhHamiltonian's parameters (visit order W [m, d], U [m, d], b, a, e, c [m]) as the two tied
+/// fields: f = 0 (A = B = W, beta = b, s = a: grad V), f = 1 (A = B = U, beta = e, s = c: grad T).
+inline ParamOffsets tanh_hamiltonian_offsets(Index d, Index m) {
   ParamOffsets p{};
-  if (kind == Kind::uncoupled) {
-    const Index r = m / 2;
-    p.A[0] = 0;              // Pq1 [r, d]
-    p.A[1] = r * d;          // Pk1
-    p.bias[0] = 2 * r * d;   // pq [r]
-    p.bias[1] = 2 * r * d + r;
-    p.B[0] = 2 * r * d + 2 * r;  // Pq2 [d, r]
-    p.B[1] = 3 * r * d + 2 * r;  // Pk2
-    p.scale[0] = p.scale[1] = -1;
-  } else {
-    p.A[0] = p.B[0] = 0;      // W [m, d]
-    p.A[1] = p.B[1] = m * d;  // U
-    p.bias[0] = 2 * m * d;    // b
-    p.scale[0] = 2 * m * d + m;       // a
-    p.bias[1] = 2 * m * d + 2 * m;    // e
-    p.scale[1] = 2 * m * d + 3 * m;   // c
-  }
+  p.A[0] = p.B[0] = 0;      // W [m, d]
+  p.A[1] = p.B[1] = m * d;  // U
+  p.bias[0] = 2 * m * d;    // b
+  p.scale[0] = 2 * m * d + m;       // a
+  p.bias[1] = 2 * m * d + 2 * m;    // e
+  p.scale[1] = 2 * m * d + 3 * m;   // c
   return p;
 }
 
@@ -241,18 +235,19 @@ struct Layout {
 
 inline int round4(Index x) { return static_cast<int>((x + 3) / 4 * 4); }
 
-inline Layout make_layout(Kind kind, bool backward, const DynamicsDims& dims, int ops, int rows,
-                          bool grads_shared, bool traj_shared) {
-  const bool tied = kind != Kind::uncoupled;
+template <class Form>
+Layout make_layout(bool backward, const DynamicsDims& dims, Index r, int ops, int rows, bool grads_shared,
+                   bool traj_shared) {
+  constexpr bool tied = Form::tied;
   Layout L{};
   L.d = static_cast<int>(dims.head_dim);
-  L.r = static_cast<int>(tied ? dims.hidden : dims.hidden / 2);
+  L.r = static_cast<int>(r);
   L.dp = round4(L.d);
   L.rp = round4(L.r);
   L.ldp = (L.dp / 4) % 2 == 1 ? L.dp : L.dp + 4;
   L.rows = rows;
   L.ops = ops;
-  L.group = kind == Kind::splitting ? 1 : 2;
+  L.group = Form::group;
   Index off = 0;
   auto take = [&](Index n) {
     const Index o = off;
@@ -319,8 +314,7 @@ inline Layout make_layout(Kind kind, bool backward, const DynamicsDims& dims, in
 }
 
 /// Largest useful tile: enough 4 x 4 micro-tiles for 256 threads in the widest product.
-inline int target_rows(const DynamicsDims& dims, Kind kind) {
-  const Index r = kind == Kind::uncoupled ? dims.hidden / 2 : dims.hidden;
+inline int target_rows(const DynamicsDims& dims, Index r) {
   const Index widest = std::max<Index>(round4(dims.head_dim), round4(r));
   int R = 256;
   while (R > 8 && R * widest > 4096) R /= 2;
@@ -649,15 +643,15 @@ struct BackwardArgs {
 };
 
 // field f of op o acts on state f; it moves state 1 - f (coupled) or f (Uncoupled).
-template <Kind K>
+template <class Form>
 __device__ __forceinline__ int moved_state(int f) {
-  return K == Kind::uncoupled ? f : 1 - f;
+  return Form::own_state ? f : 1 - f;
 }
 
-template <Kind K, class T>
+template <class Form, class T>
 __global__ void __launch_bounds__(kThreads, 2) dynamics_forward_kernel(const ForwardArgs<T> a) {
-  constexpr bool tied = K != Kind::uncoupled;
-  constexpr int group = K == Kind::splitting ? 1 : 2;
+  constexpr bool tied = Form::tied;
+  constexpr int group = Form::group;
   COUPLEDQK_DYNAMIC_SHARED(16, float4, dynamics_smem);
   float* const sm = reinterpret_cast<float*>(dynamics_smem);
   const int rows = a.L.rows, dp = a.L.dp, rp = a.L.rp, ldp = a.L.ldp;
@@ -697,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, 2) dynamics_forward_kernel(const For
 #pragma unroll 1
       for (int i = 0; i < group; ++i) {
         const int f = static_cast<int>((bits >> (o + i)) & 1ull);
-        propagate_pass(sel(i, buf0, buf1), sel(f, B0, B1), sel(moved_state<K>(f), q, k), rows, dp, rp, ldp);
+        propagate_pass(sel(i, buf0, buf1), sel(f, B0, B1), sel(moved_state<Form>(f), q, k), rows, dp, rp, ldp);
       }
       __syncthreads();
     }
@@ -707,10 +701,10 @@ __global__ void __launch_bounds__(kThreads, 2) dynamics_forward_kernel(const For
   }
 }
 
-template <Kind K, class T>
+template <class Form, class T>
 __global__ void __launch_bounds__(kThreads, 1) dynamics_backward_kernel(const BackwardArgs<T> a) {
-  constexpr bool tied = K != Kind::uncoupled;
-  constexpr int group = K == Kind::splitting ? 1 : 2;
+  constexpr bool tied = Form::tied;
+  constexpr int group = Form::group;
   COUPLEDQK_DYNAMIC_SHARED(16, float4, dynamics_smem);
   float* const sm = reinterpret_cast<float*>(dynamics_smem);
   const int rows = a.L.rows, dp = a.L.dp, rp = a.L.rp, ldp = a.L.ldp, d = a.L.d;
@@ -795,7 +789,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamics_backward_kernel(const Ba
 #pragma unroll 1
       for (int i = 0; i < group; ++i) {
         const int f = static_cast<int>((bits >> (o + i)) & 1ull);
-        propagate_pass(sel(i, bufZ0, bufZ1), sel(f, B0, B1), sel(moved_state<K>(f), q, k), rows, dp, rp, ldp);
+        propagate_pass(sel(i, bufZ0, bufZ1), sel(f, B0, B1), sel(moved_state<Form>(f), q, k), rows, dp, rp, ldp);
       }
       __syncthreads();
     }
@@ -808,7 +802,7 @@ __global__ void __launch_bounds__(kThreads, 1) dynamics_backward_kernel(const Ba
 #pragma unroll 1
       for (int i = 0; i < group; ++i) {
         const int f = static_cast<int>((bits >> (o + i)) & 1ull);
-        const int mv = moved_state<K>(f);
+        const int mv = moved_state<Form>(f);
         const float c = coef[o + i];
         const float* x;
         if (a.L.traj_shared) {
@@ -878,31 +872,36 @@ inline std::string shape_string(const DynamicsDims& dims) {
          ", d = " + std::to_string(dims.head_dim) + ", m = " + std::to_string(dims.hidden) + ")";
 }
 
-/// Throws coupledqk::invalid_argument naming the value and what is accepted.
-inline void validate(const DynamicsDims& dims, Kind kind, const char* fn) {
-  const std::string where = std::string("coupledqk::cuda::") + fn + ": ";
+// Checks that throw coupledqk::invalid_argument naming the value and what is accepted; fn names
+// the public function called.
+inline std::string where(const char* fn) { return std::string("coupledqk::cuda::") + fn + ": "; }
+
+/// Every family: P >= 0, H >= 1.
+inline void validate_pairs_heads(const DynamicsDims& dims, const char* fn) {
   if (dims.pairs < 0)
-    throw ::coupledqk::invalid_argument(where + "pairs P = " + std::to_string(dims.pairs) + " is negative; accepted: P >= 0");
+    throw ::coupledqk::invalid_argument(where(fn) + "pairs P = " + std::to_string(dims.pairs) + " is negative; accepted: P >= 0");
   if (dims.heads < 1)
-    throw ::coupledqk::invalid_argument(where + "heads H = " + std::to_string(dims.heads) + " is not supported; accepted: H >= 1");
-  if (kind == Kind::identity) {
+    throw ::coupledqk::invalid_argument(where(fn) + "heads H = " + std::to_string(dims.heads) + " is not supported; accepted: H >= 1");
+}
+
+/// 1 <= d <= max_dim, or d >= 1 when max_dim is 0.
+inline void validate_head_dim(const DynamicsDims& dims, const char* fn, Index max_dim) {
+  if (max_dim == 0) {
     if (dims.head_dim < 1)
-      throw ::coupledqk::invalid_argument(where + "head_dim d = " + std::to_string(dims.head_dim) +
+      throw ::coupledqk::invalid_argument(where(fn) + "head_dim d = " + std::to_string(dims.head_dim) +
                                   " is not supported; accepted: d >= 1");
     return;
   }
-  if (dims.head_dim < 1 || dims.head_dim > kMaxDim)
-    throw ::coupledqk::invalid_argument(where + "head_dim d = " + std::to_string(dims.head_dim) +
-                                " is not supported; accepted: 1 <= d <= " + std::to_string(kMaxDim));
-  if (kind == Kind::uncoupled) {
-    if (dims.hidden < 2 || dims.hidden > kMaxDim || dims.hidden % 2 != 0)
-      throw ::coupledqk::invalid_argument(where + "hidden m = " + std::to_string(dims.hidden) +
-                                  " is not supported by Uncoupled; accepted: m even, 2 <= m <= " +
-                                  std::to_string(kMaxDim) + " (q and k each get m/2 units)");
-  } else if (dims.hidden < 1 || dims.hidden > kMaxDim) {
-    throw ::coupledqk::invalid_argument(where + "hidden m = " + std::to_string(dims.hidden) +
+  if (dims.head_dim < 1 || dims.head_dim > max_dim)
+    throw ::coupledqk::invalid_argument(where(fn) + "head_dim d = " + std::to_string(dims.head_dim) +
+                                " is not supported; accepted: 1 <= d <= " + std::to_string(max_dim));
+}
+
+/// 1 <= m <= kMaxDim.
+inline void validate_hidden(const DynamicsDims& dims, const char* fn) {
+  if (dims.hidden < 1 || dims.hidden > kMaxDim)
+    throw ::coupledqk::invalid_argument(where(fn) + "hidden m = " + std::to_string(dims.hidden) +
                                 " is not supported; accepted: 1 <= m <= " + std::to_string(kMaxDim));
-  }
 }
 
 inline void require_pointer(const void* p, const char* name, const char* fn, const DynamicsDims& dims) {
@@ -932,9 +931,10 @@ inline DeviceLimits device_limits() {
 inline std::size_t bytes_of(const Layout& L) { return static_cast<std::size_t>(L.floats) * sizeof(float); }
 
 /// Forward: the largest tile (from target_rows down) whose shared memory fits.
-inline Layout plan_forward(Kind kind, const DynamicsDims& dims, int ops, std::size_t limit) {
-  for (int R = target_rows(dims, kind); R >= 8; R /= 2) {
-    const Layout L = make_layout(kind, false, dims, ops, R, false, false);
+template <class Form>
+Layout plan_forward(const DynamicsDims& dims, Index r, int ops, std::size_t limit) {
+  for (int R = target_rows(dims, r); R >= 8; R /= 2) {
+    const Layout L = make_layout<Form>(false, dims, r, ops, R, false, false);
     if (bytes_of(L) <= limit) return L;
   }
   throw cuda_error("coupledqk::cuda::dynamics_forward: shape " + shape_string(dims) +
@@ -943,13 +943,14 @@ inline Layout plan_forward(Kind kind, const DynamicsDims& dims, int ops, std::si
 
 /// Backward: parameter gradients in shared memory if any tile allows it, else in global scratch;
 /// then the trajectory in shared memory if it still fits.
-inline Layout plan_backward(Kind kind, const DynamicsDims& dims, int ops, std::size_t limit) {
+template <class Form>
+Layout plan_backward(const DynamicsDims& dims, Index r, int ops, std::size_t limit) {
   for (int pass = 0; pass < 2; ++pass) {
     const bool grads_shared = pass == 0;
-    for (int R = target_rows(dims, kind); R >= (grads_shared ? 16 : 8); R /= 2) {
-      const Layout L = make_layout(kind, true, dims, ops, R, grads_shared, false);
+    for (int R = target_rows(dims, r); R >= (grads_shared ? 16 : 8); R /= 2) {
+      const Layout L = make_layout<Form>(true, dims, r, ops, R, grads_shared, false);
       if (bytes_of(L) > limit) continue;
-      const Layout with_traj = make_layout(kind, true, dims, ops, R, grads_shared, true);
+      const Layout with_traj = make_layout<Form>(true, dims, r, ops, R, grads_shared, true);
       return bytes_of(with_traj) <= limit ? with_traj : L;
     }
   }
@@ -1042,15 +1043,15 @@ struct LaunchPlan {
   bool memory_pools = true;
 };
 
-template <Kind K, class T>
-LaunchPlan plan_launch(const DynamicsDims& dims, int ops, bool backward) {
+template <class Form, class T>
+LaunchPlan plan_launch(const DynamicsDims& dims, Index r, int ops, bool backward) {
   const DeviceLimits lim = device_limits();
   LaunchPlan p;
-  p.layout = backward ? plan_backward(K, dims, ops, static_cast<std::size_t>(lim.smem_optin))
-                      : plan_forward(K, dims, ops, static_cast<std::size_t>(lim.smem_optin));
+  p.layout = backward ? plan_backward<Form>(dims, r, ops, static_cast<std::size_t>(lim.smem_optin))
+                      : plan_forward<Form>(dims, r, ops, static_cast<std::size_t>(lim.smem_optin));
   p.shared_bytes = bytes_of(p.layout);
-  p.blocks_per_sm = backward ? prepare_kernel(dynamics_backward_kernel<K, T>, p.shared_bytes, lim.device)
-                             : prepare_kernel(dynamics_forward_kernel<K, T>, p.shared_bytes, lim.device);
+  p.blocks_per_sm = backward ? prepare_kernel(dynamics_backward_kernel<Form, T>, p.shared_bytes, lim.device)
+                             : prepare_kernel(dynamics_forward_kernel<Form, T>, p.shared_bytes, lim.device);
   p.memory_pools = lim.pools != 0;
   const Index tiles = (dims.pairs + p.layout.rows - 1) / p.layout.rows;
   p.blocks = persistent_grid(tiles, p.blocks_per_sm, lim.sms);
@@ -1058,41 +1059,122 @@ LaunchPlan plan_launch(const DynamicsDims& dims, int ops, bool backward) {
   return p;
 }
 
-template <Kind K, class T>
-void launch_forward(const DynamicsDims& dims, const OpList& ops, const float* params, const float* rho,
+template <class Form, class T>
+void launch_forward(const DynamicsDims& dims, const OpProgram& prog, const float* params, const float* rho,
                     const T* q_in, const T* k_in, T* q_out, T* k_out, cudaStream_t stream) {
-  const LaunchPlan p = plan_launch<K, T>(dims, ops.count, false);
-  ForwardArgs<T> a{p.layout, ops, param_offsets(K, dims.head_dim, dims.hidden), dims.pairs, dims.heads,
-                   params, rho, q_in, k_in, q_out, k_out};
-  launch(dynamics_forward_kernel<K, T>, p.blocks, kThreads, p.shared_bytes, stream, a);
+  const LaunchPlan p = plan_launch<Form, T>(dims, prog.r, prog.ops.count, false);
+  ForwardArgs<T> a{p.layout, prog.ops, prog.po, dims.pairs, dims.heads, params, rho, q_in, k_in, q_out, k_out};
+  launch(dynamics_forward_kernel<Form, T>, p.blocks, kThreads, p.shared_bytes, stream, a);
 }
 
-template <Kind K, class T>
-void launch_backward(const DynamicsDims& dims, const OpList& ops, const float* params, const float* rho,
+template <class Form, class T>
+void launch_backward(const DynamicsDims& dims, const OpProgram& prog, const float* params, const float* rho,
                      const T* q_in, const T* k_in, float* dq, float* dk, float* dparams, float* drho,
                      cudaStream_t stream) {
-  const LaunchPlan p = plan_launch<K, T>(dims, ops.count, true);
+  const LaunchPlan p = plan_launch<Form, T>(dims, prog.r, prog.ops.count, true);
   const Scratch scratch(p.scratch_bytes, stream, p.memory_pools);
-  BackwardArgs<T> a{p.layout, ops,     param_offsets(K, dims.head_dim, dims.hidden), dims.pairs, dims.heads,
-                    params,   rho,     q_in,  k_in,  dq,  dk,  dparams, drho, scratch.get()};
-  launch(dynamics_backward_kernel<K, T>, p.blocks, kThreads, p.shared_bytes, stream, a);
+  BackwardArgs<T> a{p.layout, prog.ops, prog.po, dims.pairs, dims.heads, params, rho, q_in, k_in,
+                    dq,       dk,       dparams, drho,       scratch.get()};
+  launch(dynamics_backward_kernel<Form, T>, p.blocks, kThreads, p.shared_bytes, stream, a);
 }
 
-// Affine<N>: defined in affine.cuh.
-template <class T>
-void affine_forward(const DynamicsDims& dims, int steps, const float* params, const float* rho, const T* q_in,
-                    const T* k_in, T* q_out, T* k_out, cudaStream_t stream);
-template <class T>
-void affine_backward(const DynamicsDims& dims, int steps, const float* params, const float* rho, const T* q_in,
-                     const T* k_in, float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream);
+/// The forward, backward and launch plan of a family lowered to tanh ops: the base of its
+/// DeviceDynamics specialisation `Family`, which gives
+///     using form = OpForm<...>;                                   // the kernels' compile-time shape
+///     static OpProgram program(const DynamicsDims&);              // ops, field width r, offsets
+template <class Family>
+struct TanhOpsDynamics {
+  template <class T>
+  static void forward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
+                      T* q_out, T* k_out, cudaStream_t stream) {
+    launch_forward<typename Family::form, T>(dims, Family::program(dims), params, rho, q_in, k_in, q_out, k_out,
+                                             stream);
+  }
+  template <class T>
+  static void backward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
+                       float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream) {
+    launch_backward<typename Family::form, T>(dims, Family::program(dims), params, rho, q_in, k_in, dq, dk, dparams,
+                                              drho, stream);
+  }
+  template <class T>
+  static LaunchPlan launch_plan(const DynamicsDims& dims, bool backward) {
+    const OpProgram prog = Family::program(dims);
+    return plan_launch<typename Family::form, T>(dims, prog.r, prog.ops.count, backward);
+  }
+};
+
+/// N steps of a group of two ops: op 2s has field `first` and coefficient c_first, op 2s + 1 the
+/// other field and c_second.
+inline OpList paired_ops(int steps, int first, float c_first, float c_second) {
+  OpList ops;
+  ops.steps = steps;
+  ops.count = 2 * steps;
+  for (int s = 0; s < steps; ++s) {
+    ops.field_bits |= static_cast<unsigned long long>(first) << (2 * s);
+    ops.field_bits |= static_cast<unsigned long long>(1 - first) << (2 * s + 1);
+    ops.coef[2 * s] = c_first;
+    ops.coef[2 * s + 1] = c_second;
+  }
+  return ops;
+}
+
+template <class D, class T, class = void>
+struct has_launch_plan : std::false_type {};
+template <class D, class T>
+struct has_launch_plan<D, T, std::void_t<decltype(D::template launch_plan<T>(std::declval<const DynamicsDims&>(), false))>>
+    : std::true_type {};
+
+// ---- traits of the CPU policies that select a family -------------------------------------------
+
+template <class I, class = void>
+struct has_plan : std::false_type {};
+template <class I>
+struct has_plan<I, std::void_t<decltype(I::plan.size), decltype(I::plan.stage[0].kind)>> : std::true_type {};
+
+template <class I, class = void>
+struct has_tanh_hamiltonian : std::false_type {};
+template <class I>
+struct has_tanh_hamiltonian<I, std::void_t<typename I::hamiltonian>>
+    : std::is_same<typename I::hamiltonian, TanhHamiltonian> {};
+
+template <class I, class = void>
+struct has_steps : std::false_type {};
+template <class I>
+struct has_steps<I, std::void_t<decltype(I::steps)>> : std::true_type {};
+
+/// A splitting method of the tanh Hamiltonian: a `plan` (kicks and drifts, SymplecticSplitting's)
+/// and `hamiltonian` = TanhHamiltonian.
+template <class I>
+constexpr bool is_tanh_splitting() {
+  if constexpr (has_plan<I>::value && has_tanh_hamiltonian<I>::value)
+    return I::has_dynamics;
+  else
+    return false;
+}
+
+/// I is Base<I::steps> or derived from it (false when I declares no step count).
+template <template <int> class Base, class I>
+constexpr bool derives_from_steps() {
+  if constexpr (has_steps<I>::value) {
+    if constexpr (I::steps >= 1)
+      return std::is_base_of_v<Base<I::steps>, I>;
+    else
+      return false;
+  } else {
+    return false;
+  }
+}
+
+template <int N>
+using TanhEuler = HamiltonianEuler<N, TanhHamiltonian>;
 
 }  // namespace dynamics_detail
 
-/// True for the policies the device code supports: Identity, any SymplecticSplitting (at most 64
-/// merged stages), Euler<N> and Uncoupled<N> (N <= 32), Affine<N>, and policies derived from them.
+/// True for the policies whose family has device kernels, within their limits: Identity, any
+/// SymplecticSplitting of the tanh Hamiltonian (at most 64 merged stages), Euler<N> and
+/// Uncoupled<N> (N <= 32), Affine<N>, policies derived from them, and any family a consumer adds.
 template <class Integrator>
-constexpr bool has_device_dynamics =
-    dynamics_detail::kind_of<Integrator>() != dynamics_detail::Kind::unsupported;
+constexpr bool has_device_dynamics = DeviceDynamics<Integrator>::supported;
 
 /// (q_out, k_out) = Phi(q_in, k_in) for P pairs; see the header comment. q_out may equal q_in and
 /// k_out may equal k_in (in place). Asynchronous on `stream`.
@@ -1101,30 +1183,25 @@ void dynamics_forward(const DynamicsDims& dims, const float* params, const float
                       const T* k_in, T* q_out, T* k_out, cudaStream_t stream = nullptr) {
   static_assert(is_storage<T>::value, "coupledqk::cuda::dynamics_forward: storage T must be float or bf16");
   static_assert(has_device_dynamics<Integrator>,
-                "coupledqk::cuda::dynamics_forward: no device dynamics for this integrator policy (supported: "
-                "Identity, SymplecticSplitting schemes of at most 64 merged stages, Euler<N> and Uncoupled<N> "
-                "with N <= 32, Affine<N>)");
+                "coupledqk::cuda::dynamics_forward: no device dynamics for this integrator policy: no "
+                "DeviceDynamics specialisation for its family, or outside its limits (built in: Identity, "
+                "SymplecticSplitting schemes of at most 64 merged stages, Euler<N> and Uncoupled<N> with N <= 32, "
+                "Affine<N>)");
   using namespace dynamics_detail;
-  constexpr Kind kind = kind_of<Integrator>();
+  using Device = DeviceDynamics<Integrator>;
   const char* fn = "dynamics_forward";
-  validate(dims, kind, fn);
+  validate_pairs_heads(dims, fn);
+  Device::validate(dims, fn);
   if (dims.pairs == 0) return;
   require_pointer(q_in, "q_in", fn, dims);
   require_pointer(k_in, "k_in", fn, dims);
   require_pointer(q_out, "q_out", fn, dims);
   require_pointer(k_out, "k_out", fn, dims);
-  if constexpr (kind == Kind::identity) {
-    const std::size_t bytes = static_cast<std::size_t>(dims.pairs * dims.head_dim) * sizeof(T);
-    if (q_out != q_in) COUPLEDQK_CUDA_CHECK(cudaMemcpyAsync(q_out, q_in, bytes, cudaMemcpyDeviceToDevice, stream));
-    if (k_out != k_in) COUPLEDQK_CUDA_CHECK(cudaMemcpyAsync(k_out, k_in, bytes, cudaMemcpyDeviceToDevice, stream));
-  } else {
+  if constexpr (Integrator::has_dynamics) {
     require_pointer(params, "params", fn, dims);
     require_pointer(rho, "rho", fn, dims);
-    if constexpr (kind == Kind::affine)
-      affine_forward<T>(dims, Integrator::steps, params, rho, q_in, k_in, q_out, k_out, stream);
-    else
-      launch_forward<kind, T>(dims, make_ops<Integrator>(), params, rho, q_in, k_in, q_out, k_out, stream);
   }
+  Device::template forward<T>(dims, params, rho, q_in, k_in, q_out, k_out, stream);
 }
 
 /// Backward of dynamics_forward, recomputing the trajectory from (q_in, k_in). dq, dk: on entry the
@@ -1136,15 +1213,17 @@ void dynamics_backward(const DynamicsDims& dims, const float* params, const floa
                        cudaStream_t stream = nullptr) {
   static_assert(is_storage<T>::value, "coupledqk::cuda::dynamics_backward: storage T must be float or bf16");
   static_assert(has_device_dynamics<Integrator>,
-                "coupledqk::cuda::dynamics_backward: no device dynamics for this integrator policy (supported: "
-                "Identity, SymplecticSplitting schemes of at most 64 merged stages, Euler<N> and Uncoupled<N> "
-                "with N <= 32, Affine<N>)");
+                "coupledqk::cuda::dynamics_backward: no device dynamics for this integrator policy: no "
+                "DeviceDynamics specialisation for its family, or outside its limits (built in: Identity, "
+                "SymplecticSplitting schemes of at most 64 merged stages, Euler<N> and Uncoupled<N> with N <= 32, "
+                "Affine<N>)");
   using namespace dynamics_detail;
-  constexpr Kind kind = kind_of<Integrator>();
+  using Device = DeviceDynamics<Integrator>;
   const char* fn = "dynamics_backward";
-  validate(dims, kind, fn);
-  if constexpr (kind != Kind::identity) {
-    if (dims.pairs == 0) return;
+  validate_pairs_heads(dims, fn);
+  Device::validate(dims, fn);
+  if (dims.pairs == 0) return;
+  if constexpr (Integrator::has_dynamics) {  // (without dynamics the backward is the identity)
     require_pointer(params, "params", fn, dims);
     require_pointer(rho, "rho", fn, dims);
     require_pointer(q_in, "q_in", fn, dims);
@@ -1153,31 +1232,135 @@ void dynamics_backward(const DynamicsDims& dims, const float* params, const floa
     require_pointer(dk, "dk", fn, dims);
     require_pointer(dparams, "dparams", fn, dims);
     require_pointer(drho, "drho", fn, dims);
-    if constexpr (kind == Kind::affine)
-      affine_backward<T>(dims, Integrator::steps, params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
-    else
-      launch_backward<kind, T>(dims, make_ops<Integrator>(), params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
-  } else {
-    (void)params, (void)rho, (void)q_in, (void)k_in, (void)dq, (void)dk, (void)dparams, (void)drho, (void)stream;
   }
+  Device::template backward<T>(dims, params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
 }
 
 /// The launch a call would make on the current device (tile rows, shared memory, grid, scratch):
-/// for benchmarks and reports. Identity has none (blocks = 0); nor is it reported for Affine (its
-/// own kernels, affine.cuh).
+/// for benchmarks and reports. Families without a launch_plan report none (blocks = 0): Identity
+/// launches nothing, Affine is not reported (its own kernels, affine.cuh).
 template <class Integrator, class T>
 dynamics_detail::LaunchPlan dynamics_launch_plan(const DynamicsDims& dims, bool backward) {
   using namespace dynamics_detail;
-  constexpr Kind kind = kind_of<Integrator>();
-  static_assert(kind != Kind::unsupported, "coupledqk::cuda::dynamics_launch_plan: unsupported policy");
-  validate(dims, kind, "dynamics_launch_plan");
-  if constexpr (kind == Kind::identity || kind == Kind::affine) {
-    return {};
+  using Device = DeviceDynamics<Integrator>;
+  static_assert(has_device_dynamics<Integrator>, "coupledqk::cuda::dynamics_launch_plan: unsupported policy");
+  validate_pairs_heads(dims, "dynamics_launch_plan");
+  Device::validate(dims, "dynamics_launch_plan");
+  if constexpr (has_launch_plan<Device, T>::value) {
+    return Device::template launch_plan<T>(dims, backward);
   } else {
-    return plan_launch<kind, T>(dims, make_ops<Integrator>().count, backward);
+    return {};
   }
 }
 
+// ---- the built-in families ----------------------------------------------------------------------
+
+/// Any policy without dynamics (Identity): q' = q, k' = k. The forward copies when out != in, the
+/// backward does nothing; any d >= 1.
+template <class I>
+struct DeviceDynamics<I, std::enable_if_t<!I::has_dynamics>> {
+  static constexpr bool supported = true;
+
+  static void validate(const DynamicsDims& dims, const char* fn) { dynamics_detail::validate_head_dim(dims, fn, 0); }
+
+  template <class T>
+  static void forward(const DynamicsDims& dims, const float*, const float*, const T* q_in, const T* k_in, T* q_out,
+                      T* k_out, cudaStream_t stream) {
+    const std::size_t bytes = static_cast<std::size_t>(dims.pairs * dims.head_dim) * sizeof(T);
+    if (q_out != q_in) COUPLEDQK_CUDA_CHECK(cudaMemcpyAsync(q_out, q_in, bytes, cudaMemcpyDeviceToDevice, stream));
+    if (k_out != k_in) COUPLEDQK_CUDA_CHECK(cudaMemcpyAsync(k_out, k_in, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+
+  template <class T>
+  static void backward(const DynamicsDims&, const float*, const float*, const T*, const T*, float*, float*, float*,
+                       float*, cudaStream_t) {}
+};
+
+/// A symplectic splitting of the tanh Hamiltonian (SymplecticSplitting: Leapfrog<N>,
+/// examples/forest_ruth.hpp, any scheme): one op per stage of the policy's merged `plan`, each
+/// reading the previous one's output; a kick (coef w) is f = 0, c = -w, a drift f = 1, c = +w.
+template <class I>
+struct DeviceDynamics<I, std::enable_if_t<dynamics_detail::is_tanh_splitting<I>()>>
+    : dynamics_detail::TanhOpsDynamics<DeviceDynamics<I>> {
+  static constexpr bool supported = I::plan.size <= dynamics_detail::kMaxOps;
+  using form = dynamics_detail::OpForm</*Tied=*/true, /*Group=*/1, /*OwnState=*/false>;
+
+  static void validate(const DynamicsDims& dims, const char* fn) {
+    dynamics_detail::validate_head_dim(dims, fn, dynamics_detail::kMaxDim);
+    dynamics_detail::validate_hidden(dims, fn);
+  }
+
+  static dynamics_detail::OpProgram program(const DynamicsDims& dims) {
+    dynamics_detail::OpProgram p;
+    p.ops.steps = I::steps;
+    p.ops.count = I::plan.size;
+    for (int i = 0; i < I::plan.size; ++i) {
+      const bool kick = I::plan.stage[i].kind == StageKind::kick;
+      if (!kick) p.ops.field_bits |= 1ull << i;
+      p.ops.coef[i] = static_cast<float>(kick ? -I::plan.stage[i].coef : I::plan.stage[i].coef);
+    }
+    p.r = dims.hidden;
+    p.po = dynamics_detail::tanh_hamiltonian_offsets(dims.head_dim, dims.hidden);
+    return p;
+  }
+};
+
+/// Explicit Euler of the tanh Hamiltonian (HamiltonianEuler<N, TanhHamiltonian>: Euler<N>): per
+/// step the group {drift: f = 1, c = +1; kick: f = 0, c = -1}, both reading the step's input.
+template <class I>
+struct DeviceDynamics<I, std::enable_if_t<dynamics_detail::derives_from_steps<dynamics_detail::TanhEuler, I>()>>
+    : dynamics_detail::TanhOpsDynamics<DeviceDynamics<I>> {
+  static constexpr bool supported = 2 * I::steps <= dynamics_detail::kMaxOps;
+  using form = dynamics_detail::OpForm</*Tied=*/true, /*Group=*/2, /*OwnState=*/false>;
+
+  static void validate(const DynamicsDims& dims, const char* fn) {
+    dynamics_detail::validate_head_dim(dims, fn, dynamics_detail::kMaxDim);
+    dynamics_detail::validate_hidden(dims, fn);
+  }
+
+  static dynamics_detail::OpProgram program(const DynamicsDims& dims) {
+    dynamics_detail::OpProgram p;
+    p.ops = dynamics_detail::paired_ops(I::steps, /*first=*/1, 1.f, -1.f);
+    p.r = dims.hidden;
+    p.po = dynamics_detail::tanh_hamiltonian_offsets(dims.head_dim, dims.hidden);
+    return p;
+  }
+};
+
+/// Uncoupled<N>: per step the group {f = 0: q <- q + h Pq2 tanh(Pq1 q + pq); f = 1: k <- k + h Pk2
+/// tanh(Pk1 k + pk)}, each field of width r = m / 2, untied (B = P*2^T, s = 1), moving its own state.
+template <class I>
+struct DeviceDynamics<I, std::enable_if_t<dynamics_detail::derives_from_steps<::coupledqk::Uncoupled, I>()>>
+    : dynamics_detail::TanhOpsDynamics<DeviceDynamics<I>> {
+  static constexpr bool supported = 2 * I::steps <= dynamics_detail::kMaxOps;
+  using form = dynamics_detail::OpForm</*Tied=*/false, /*Group=*/2, /*OwnState=*/true>;
+
+  static void validate(const DynamicsDims& dims, const char* fn) {
+    using dynamics_detail::kMaxDim;
+    dynamics_detail::validate_head_dim(dims, fn, kMaxDim);
+    if (dims.hidden < 2 || dims.hidden > kMaxDim || dims.hidden % 2 != 0)
+      throw ::coupledqk::invalid_argument(dynamics_detail::where(fn) + "hidden m = " + std::to_string(dims.hidden) +
+                                  " is not supported by Uncoupled; accepted: m even, 2 <= m <= " +
+                                  std::to_string(kMaxDim) + " (q and k each get m/2 units)");
+  }
+
+  /// Parameters in visit order: Pq1 [r, d], Pk1 [r, d], pq [r], pk [r], Pq2 [d, r], Pk2 [d, r].
+  static dynamics_detail::OpProgram program(const DynamicsDims& dims) {
+    dynamics_detail::OpProgram p;
+    p.ops = dynamics_detail::paired_ops(I::steps, /*first=*/0, 1.f, 1.f);
+    const Index d = dims.head_dim, r = dims.hidden / 2;
+    p.r = r;
+    p.po.A[0] = 0;              // Pq1 [r, d]
+    p.po.A[1] = r * d;          // Pk1
+    p.po.bias[0] = 2 * r * d;   // pq [r]
+    p.po.bias[1] = 2 * r * d + r;
+    p.po.B[0] = 2 * r * d + 2 * r;  // Pq2 [d, r]
+    p.po.B[1] = 3 * r * d + 2 * r;  // Pk2
+    p.po.scale[0] = p.po.scale[1] = -1;
+    return p;
+  }
+};
+
 }  // namespace coupledqk::cuda
 
-#include "affine.cuh"  // Affine<N>: its kernels and the two functions declared above
+#include "affine.cuh"  // Affine<N>: its own kernels and its DeviceDynamics specialisation

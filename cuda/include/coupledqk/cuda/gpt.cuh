@@ -566,29 +566,71 @@ class Gpt final : public detail::GptCore<T> {
   std::vector<std::unique_ptr<Context>> contexts_;
 };
 
-/// Whether `table`'s variant `name` with `steps` steps has device kernels (has_device_dynamics of
-/// its integrator). False for unknown names and step counts.
+/// Which of a variant's two policies have device kernels: its integrator (DeviceDynamics<I>,
+/// dynamics.cuh) and its scoring (DeviceScoring<Sc>, scoring.cuh).
+struct DeviceSupport {
+  bool integrator = false;
+  bool scoring = false;
+  constexpr bool both() const { return integrator && scoring; }
+};
+
+template <class I, class Sc>
+constexpr DeviceSupport device_support_of() {
+  return DeviceSupport{has_device_dynamics<I>, DeviceScoring<Sc>::supported};
+}
+
+/// The device support of `table`'s variant `name` with `steps` steps (for tools that report it).
+/// Throws coupledqk::invalid_argument, listing what is accepted, for an unknown name or step count.
+template <class... E>
+DeviceSupport device_support(const VariantTable<E...>& table, std::string_view name, int steps = 1) {
+  return table.dispatch(name, steps, [](auto integrator, auto scoring) {
+    return device_support_of<typename decltype(integrator)::type, typename decltype(scoring)::type>();
+  });
+}
+inline DeviceSupport device_support(std::string_view name, int steps = 1) {
+  return device_support(builtin_variants, name, steps);
+}
+
+/// Whether `table`'s variant `name` with `steps` steps has device kernels, for its integrator and
+/// its scoring. False for unknown names and step counts.
 template <class... E>
 bool variant_supported(const VariantTable<E...>& table, std::string_view name, int steps) {
   if (!table.contains(name) || steps < 1 || steps > max_steps) return false;
-  return table.dispatch(name, steps, [](auto integrator, auto) { return has_device_dynamics<typename decltype(integrator)::type>; });
+  return device_support(table, name, steps).both();
 }
 inline bool variant_supported(std::string_view name, int steps) { return variant_supported(builtin_variants, name, steps); }
 
+namespace detail {
+/// "its integrator 'x' has no device kernels (...)" and / or the same for its scoring.
+inline std::string missing_device_kernels(const DeviceSupport& s, const char* integrator, const char* scoring) {
+  std::string out;
+  if (!s.integrator)
+    out += std::string("its integrator '") + integrator +
+           "' has no device kernels (no cuda::DeviceDynamics specialisation for its family, dynamics.cuh, or "
+           "outside its limits)";
+  if (!s.scoring)
+    out += std::string(out.empty() ? "" : "; ") + "its scoring '" + scoring +
+           "' has no device kernels (no cuda::DeviceScoring specialisation, scoring.cuh)";
+  return out;
+}
+}  // namespace detail
+
 /// The device GPT whose attention layers are the variant config.attention with config.steps steps
 /// from `table` (default: the built-in variants), storing activations in `precision`. Throws
-/// coupledqk::invalid_argument for an unknown name, step count, a variant without device kernels or
-/// unusable sizes, cuda_error when no device is usable. (A template only so that translation units
-/// that include this header without calling it do not compile every variant x 2 precisions.)
+/// coupledqk::invalid_argument for an unknown name, step count, a variant without device kernels
+/// (naming the policy that lacks them: device_support) or unusable sizes, cuda_error when no device
+/// is usable. (A template only so that translation units that include this header without calling
+/// it do not compile every variant x 2 precisions.)
 template <int = 0, class... E>
 std::unique_ptr<AnyGpt> make_gpt(const GptConfig& config, Precision precision, const VariantTable<E...>& table) {
   ::coupledqk::validate(config);
   return table.dispatch(config.attention, config.steps, [&](auto integrator, auto scoring) -> std::unique_ptr<AnyGpt> {
     using I = typename decltype(integrator)::type;
     using Sc = typename decltype(scoring)::type;
-    if constexpr (!has_device_dynamics<I>) {
+    constexpr DeviceSupport support = device_support_of<I, Sc>();
+    if constexpr (!support.both()) {
       require(false, "cuda gpt: attention '", config.attention, "' with ", config.steps,
-              " steps has no device kernels (its integrator '", I::name, "' is not supported by cuda/dynamics.cuh)");
+              " steps has no device kernels: ", detail::missing_device_kernels(support, I::name, Sc::name));
       return nullptr;
     } else {
       if (precision == Precision::bf16) return std::make_unique<Gpt<I, Sc, bf16>>(config, config.attention);

@@ -39,8 +39,13 @@ struct ScoringDims {
   int layer_index = 0;
 };
 
+/// The device kernels of scoring policy Sc: the primary template, "none" (cuda::variant_supported
+/// says false and cuda::make_gpt refuses such a variant at run time). A scoring with kernels
+/// specialises it with supported = true, parameter_count, Saved<T>, forward and backward (below).
 template <class Scoring>
-struct DeviceScoring;
+struct DeviceScoring {
+  static constexpr bool supported = false;
+};
 
 namespace scoring_detail {
 
@@ -231,6 +236,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <>
 struct DeviceScoring<coupledqk::Softmax> {
+  static constexpr bool supported = true;
   static Index parameter_count(Index) { return 0; }
 
   /// lse [B, H, T] of the forward (the output o itself is passed back to backward).
@@ -284,6 +290,7 @@ struct DeviceScoring<coupledqk::Softmax> {
 
 template <>
 struct DeviceScoring<coupledqk::Differential> {
+  static constexpr bool supported = true;
   /// lq1, lk1, lq2, lk2 [d], subln [2d].
   static Index parameter_count(Index head_dim) { return 6 * head_dim; }
 
