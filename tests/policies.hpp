@@ -13,7 +13,8 @@ using namespace coupledqk;
 using Table = std::decay_t<decltype(builtin_variants)>;
 using Integrators = table_integrators<Table, 1, 2, 3, 7>;
 using Scorings = table_scorings<Table>;
-// (for the built-in table: Identity, Leapfrog<1, 2, 3, 7>, Euler<...>, Uncoupled<...>; Softmax, Differential)
+// (for the built-in table: Identity, Leapfrog<1, 2, 3, 7>, Euler<...>, Uncoupled<...>, Affine<...>, Drift<...>,
+// NewtonEuler<...>, NewtonLeapfrog<...>, UnitLeapfrog<...>; Softmax, Differential)
 
 /// One layer configuration under test.
 template <class I, class Sc, DynamicsMemory M = DynamicsMemory::store>
@@ -37,7 +38,8 @@ struct cross<std::tuple<I...>, Scs> {
   using type = decltype(std::tuple_cat(std::declval<typename with_scorings<I, Scs>::type>()...));
 };
 
-/// Every integrator with every scoring, plus the reversible (recompute) mode of Leapfrog and Affine.
+/// Every integrator with every scoring, plus the reversible (recompute) mode of Leapfrog, Affine
+/// and the reversible members of the velocity family (newton-euler is not reversible).
 using Variants = decltype(std::tuple_cat(
     std::declval<cross<Integrators, Scorings>::type>(),
     std::declval<std::tuple<Variant<Leapfrog<1>, Softmax, DynamicsMemory::recompute>,
@@ -46,7 +48,12 @@ using Variants = decltype(std::tuple_cat(
                             Variant<Affine<1>, Softmax, DynamicsMemory::recompute>,
                             Variant<Affine<2>, Differential, DynamicsMemory::recompute>,
                             Variant<Affine<3>, Softmax, DynamicsMemory::recompute>,
-                            Variant<Affine<7>, Differential, DynamicsMemory::recompute>>>()));
+                            Variant<Affine<7>, Differential, DynamicsMemory::recompute>,
+                            Variant<Drift<2>, Softmax, DynamicsMemory::recompute>,
+                            Variant<NewtonLeapfrog<1>, Softmax, DynamicsMemory::recompute>,
+                            Variant<NewtonLeapfrog<3>, Differential, DynamicsMemory::recompute>,
+                            Variant<UnitLeapfrog<1>, Differential, DynamicsMemory::recompute>,
+                            Variant<UnitLeapfrog<3>, Softmax, DynamicsMemory::recompute>>>()));
 
 /// Adds N(0, stddev^2) noise to every parameter, so no gradient is trivially zero.
 template <class Params>
