@@ -4,8 +4,8 @@
 Usage:
   parity_test.py --tool PATH [--workdir DIR] [--seed S] [--variant NAME ...] [--timeout SEC]
       Runs every case (all variants, steps 1 and 3 on the main shape, steps 2 on an
-      alternative shape, a few F32 cases, and every leapfrog and affine case again
-      with --recompute).  Prints one line per run and finally "N passed, M failed".
+      alternative shape, a few F32 cases, and every case of a reversible integrator
+      (REVERSIBLE) again with --recompute).  Then the worst error per dtype.  Prints one line per run and finally "N passed, M failed".
       Exit status 1 if anything failed or the tool could not be run.
   parity_test.py --write-case PATH --variant NAME --steps N [--dtype F32|F64]
                  [--shape B,T,D,H,m] [--layer-index L] [--seed S]
@@ -42,6 +42,11 @@ STEPS_ALT = 2
 F32_CASES = [("standard", 1), ("leapfrog", 3), ("euler", 1), ("uncoupled", 3),
              ("diff-leapfrog", 3), ("diff-euler", 3), ("diff-uncoupled", 1),
              ("affine", 3), ("diff-affine", 1), ("affine", 7)]
+# The velocity family (spec 3c): every name at steps 1 and 3 in single precision too.
+VELOCITY = ("drift", "newton-euler", "newton-leapfrog", "unit-leapfrog")
+F32_CASES += [(prefix + name, steps) for prefix in ("", "diff-") for name in VELOCITY for steps in STEPS_MAIN]
+# The integrators with an exact inverse (the tool's --recompute path); newton-euler has none.
+REVERSIBLE = ("leapfrog", "affine", "drift", "newton-leapfrog", "unit-leapfrog")
 DEFAULT_SEED = 20240607
 
 
@@ -56,7 +61,7 @@ class Case:
         self.shape = shape          # dict B, T, D, H, m
         self.shape_tag = shape_tag  # "main" / "alt", for the report
         # The fused tool may recompute the dynamics in backward; test both paths.
-        reversible = reference.parse_variant(variant)[1] in ("leapfrog", "affine")
+        reversible = reference.parse_variant(variant)[1] in REVERSIBLE
         self.modes = [False, True] if reversible else [False]
 
     @property
@@ -197,6 +202,7 @@ def run_all(args):
         workdir = tempdir.name
 
     n_pass = n_fail = 0
+    worst_of = {}  # dtype -> (error, run label, tensor)
     try:
         for case in selected:
             rng = np.random.default_rng([args.seed, case.index])
@@ -223,6 +229,8 @@ def run_all(args):
                     problems = [message]
                 ok = passed(errors, problems, case.dtype)
                 name, err = worst(errors)
+                if errors and not (worst_of.get(case.dtype, (-1.0,))[0] >= err):
+                    worst_of[case.dtype] = (err, label.strip(), name)
                 print(f"{label}  worst={name:<12} err={err:.3e}  {'PASS' if ok else 'FAIL'}")
                 for problem in problems:
                     print("    " + problem.replace("\n", "\n    "))
@@ -239,6 +247,8 @@ def run_all(args):
         if tempdir is not None:
             tempdir.cleanup()
 
+    for dtype, (err, label, name) in sorted(worst_of.items()):
+        print(f"worst {dtype} error: {err:.3e} ({name}, {' '.join(label.split())})")
     if n_fail and tempdir is not None:
         print("(rerun with --workdir DIR to keep the case and output files)")
     print(f"{n_pass} passed, {n_fail} failed")
