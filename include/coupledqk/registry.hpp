@@ -38,6 +38,7 @@
 #include "integrators/identity.hpp"
 #include "integrators/leapfrog.hpp"
 #include "integrators/uncoupled.hpp"
+#include "integrators/velocity.hpp"
 #include "scoring/differential.hpp"
 #include "scoring/softmax.hpp"
 
@@ -360,6 +361,14 @@ inline constexpr VariantTable builtin_variants{
     variant<Uncoupled, Differential>("diff-uncoupled"),
     variant<Affine, Softmax>("affine"),
     variant<Affine, Differential>("diff-affine"),
+    variant<Drift, Softmax>("drift"),
+    variant<SiluNewtonEuler, Softmax>("newton-euler"),
+    variant<SiluNewtonLeapfrog, Softmax>("newton-leapfrog"),
+    variant<UnitLeapfrog, Softmax>("unit-leapfrog"),
+    variant<Drift, Differential>("diff-drift"),
+    variant<SiluNewtonEuler, Differential>("diff-newton-euler"),
+    variant<SiluNewtonLeapfrog, Differential>("diff-newton-leapfrog"),
+    variant<UnitLeapfrog, Differential>("diff-unit-leapfrog"),
 };
 
 static_assert(builtin_variants.first_without_dynamics() != nullptr && builtin_variants.first_with_dynamics() != nullptr,

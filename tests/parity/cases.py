@@ -33,6 +33,9 @@ def random_case(rng, variant, steps, B, T, D, H, m, layer_index=None, dtype="F64
                                              "T": 0.4, "t": 0.2}[leaf])
         elif name in ("wq", "wk", "wv", "wo"):
             value = _normal(rng, shape, std=0.3)
+        elif leaf in ("F1", "F2", "f1", "f2"):  # the velocity family's force: O(1)
+            value = _normal(rng, shape, std={"F1": 1.0 / np.sqrt(d), "F2": 0.5, "f1": 0.1,
+                                             "f2": 0.1}[leaf])
         elif leaf in ("W", "U", "Pq1", "Pk1"):
             value = _normal(rng, shape, std=1.0 / np.sqrt(d))  # N(0, 1/d)
         elif leaf in ("a", "c", "Pq2", "Pk2"):

@@ -33,7 +33,18 @@ VARIANTS = {
     "diff-uncoupled": ("diff", "uncoupled"),
     "affine": ("softmax", "affine"),
     "diff-affine": ("diff", "affine"),
+    # the velocity family (spec 3c): k is the velocity of q (unit mass)
+    "drift": ("softmax", "drift"),
+    "newton-euler": ("softmax", "newton-euler"),
+    "newton-leapfrog": ("softmax", "newton-leapfrog"),
+    "unit-leapfrog": ("softmax", "unit-leapfrog"),
+    "diff-drift": ("diff", "drift"),
+    "diff-newton-euler": ("diff", "newton-euler"),
+    "diff-newton-leapfrog": ("diff", "newton-leapfrog"),
+    "diff-unit-leapfrog": ("diff", "unit-leapfrog"),
 }
+
+NEWTON = ("newton-euler", "newton-leapfrog")  # the integrators with the learned force F
 
 AFFINE_CONDITIONERS = ("k", "q")  # dyn.k.* moves the key (reads q), dyn.q.* the query (reads k)
 
@@ -72,6 +83,13 @@ def parameter_shapes(variant, D, H, m):
             shapes.update({f"dyn.{c}.A": (m, d), f"dyn.{c}.a": (m,),
                            f"dyn.{c}.S": (d, m), f"dyn.{c}.s": (d,),
                            f"dyn.{c}.T": (d, m), f"dyn.{c}.t": (d,)})
+        shapes["dyn.rho"] = (H,)
+    elif integrator in NEWTON:
+        shapes.update({"dyn.F1": (m, d), "dyn.f1": (m,), "dyn.F2": (d, m), "dyn.f2": (d,),
+                       "dyn.rho": (H,)})
+    elif integrator == "unit-leapfrog":
+        shapes.update({"dyn.W": (m, d), "dyn.b": (m,), "dyn.a": (m,), "dyn.rho": (H,)})
+    elif integrator == "drift":
         shapes["dyn.rho"] = (H,)
     if scoring == "diff":
         shapes.update({"lq1": (d,), "lk1": (d,), "lq2": (d,), "lk2": (d,), "subln": (2 * d,)})
@@ -122,6 +140,11 @@ def grad_V(q, dyn):
 def grad_T(k, dyn):
     """gradT(k) = U^T (c * tanh(U k + e)) for every vector k[..., :] (shape [..., d])."""
     return (dyn["c"] * torch.tanh(k @ dyn["U"].T + dyn["e"])) @ dyn["U"]
+
+
+def force(q, dyn):
+    """F(q) = F2 silu(F1 q + f1) + f2 for every vector q[..., :] (spec 3c)."""
+    return F.silu(q @ dyn["F1"].T + dyn["f1"]) @ dyn["F2"].T + dyn["f2"]
 
 
 def affine_conditioner(c, dyn, which):
@@ -183,6 +206,21 @@ def integrate(q, k, dyn, integrator, steps, h):
             k = k + h * (torch.tanh(k @ dyn["Pk1"].T + dyn["pk"]) @ dyn["Pk2"].T)
         elif integrator == "affine":
             q, k = affine_step(q, k, dyn, h)
+        elif integrator == "drift":
+            # q moves with velocity k; no force
+            q = q + h * k
+        elif integrator == "newton-euler":
+            # simultaneous: both right-hand sides use the old (q, k)
+            q, k = q + h * k, k + h * force(q, dyn)
+        elif integrator == "newton-leapfrog":
+            k = k + (h / 2) * force(q, dyn)
+            q = q + h * k
+            k = k + (h / 2) * force(q, dyn)
+        elif integrator == "unit-leapfrog":
+            # H = V(q) + |k|^2 / 2: grad T(k) = k
+            k = k - (h / 2) * grad_V(q, dyn)
+            q = q + h * k
+            k = k - (h / 2) * grad_V(q, dyn)
         else:
             raise ValueError(f"unknown integrator {integrator!r}")
     return q, k

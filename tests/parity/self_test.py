@@ -27,6 +27,7 @@ import traceback
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -178,6 +179,22 @@ def naive_forward(arrays, meta):
                             k = k - h / 2 * grad_V(q)
                         elif integrator == "euler":
                             q, k = q + h * grad_T(k), k - h * grad_V(q)
+                        elif integrator == "drift":
+                            q = q + h * k
+                        elif integrator in ("newton-euler", "newton-leapfrog"):
+                            def force(v):  # F2 silu(F1 v + f1) + f2
+                                z = g["F1"] @ v + g["f1"]
+                                return g["F2"] @ (z / (1 + np.exp(-z))) + g["f2"]
+                            if integrator == "newton-euler":
+                                q, k = q + h * k, k + h * force(q)
+                            else:
+                                k = k + h / 2 * force(q)
+                                q = q + h * k
+                                k = k + h / 2 * force(q)
+                        elif integrator == "unit-leapfrog":
+                            k = k - h / 2 * grad_V(q)
+                            q = q + h * k
+                            k = k - h / 2 * grad_V(q)
                         elif integrator == "affine":
                             sk, tk = conditioner("k", q)
                             k = np.array([k[i] * math.exp(h * sk[i]) + h * tk[i] for i in range(d)])
@@ -283,6 +300,30 @@ def check_zero_dynamics(variant):
         plain_tensors = {n: v for n, v in tensors.items() if not n.startswith("dyn.")}
         y_plain = reference.forward(plain_tensors, dict(meta, attention=plain))
         return torch.equal(y, y_plain), f"vs {plain}, max diff {float((y - y_plain).abs().max()):.1e}"
+    return run
+
+
+def check_velocity_zero_force(variant):
+    """The velocity family at F2 = f2 = 0 (a = 0): q' = q + tau k, k' = k; at tau = 0 the identity."""
+    def run():
+        tensors, meta = torch_case(variant, steps=3, seed=4)
+        integrator = reference.parse_variant(variant)[1]
+        for name in ("dyn.F2", "dyn.f2", "dyn.a"):
+            if name in tensors:
+                tensors[name] = torch.zeros_like(tensors[name])
+        dyn = reference.dynamics_tensors(tensors)
+        B, T, D = tensors["x"].shape
+        H = int(meta["heads"])
+        gen = torch.Generator().manual_seed(9)
+        q0 = torch.randn(B, T, H, D // H, generator=gen, dtype=torch.float64)
+        k0 = torch.randn(B, T, H, D // H, generator=gen, dtype=torch.float64)
+        h = reference.step_sizes(tensors["dyn.rho"], 3)
+        q1, k1 = reference.integrate(q0, k0, dyn, integrator, 3, h)
+        tau = F.softplus(tensors["dyn.rho"]).reshape(-1, 1)
+        err = float((q1 - (q0 + tau * k0)).abs().max())
+        q2, k2 = reference.integrate(q0, k0, dyn, integrator, 3, 0 * h)
+        ok = err <= 1e-14 and torch.equal(k1, k0) and torch.equal(q2, q0) and torch.equal(k2, k0)
+        return ok, f"max |q' - (q + tau k)| {err:.1e}"
     return run
 
 
@@ -433,6 +474,9 @@ def main():
     for variant in COUPLED_TO_PLAIN:
         run_check(f"{variant}: zero dynamics == {COUPLED_TO_PLAIN[variant]}",
                   check_zero_dynamics(variant))
+    for variant in VARIANTS:
+        if reference.parse_variant(variant)[1] in ("drift", "unit-leapfrog") + reference.NEWTON:
+            run_check(f"{variant}: zero force == q + tau k", check_velocity_zero_force(variant))
     run_check("leapfrog: forward then backward returns to start", check_leapfrog_reversible)
     run_check("affine: closed-form inverse and log-determinant", check_affine_inverse)
     for variant in VARIANTS:

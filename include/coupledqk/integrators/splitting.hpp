@@ -9,6 +9,9 @@
 // Each stage is the exact flow of one part of H, hence symplectic, and so is any composition of
 // them. Each stage is also trivially invertible (negate c), so the whole method can be run
 // backwards: DynamicsMemory::recompute rebuilds the states from (q', k') instead of storing them.
+// The same stages with a field that is not a gradient (a learned force, dynamics/force.hpp's
+// NewtonField, declared is_conservative = false) are still shears: invertible and volume-preserving
+// (det J = 1), but not symplectic; is_symplectic follows from the field.
 //
 // A scheme provides
 //     static constexpr std::array<Stage, K> stages;   // one step
@@ -117,7 +120,7 @@ struct SymplecticSplitting {
 
   static constexpr int steps = Steps;
   static constexpr int order = Scheme::order;
-  static constexpr bool is_symplectic = true;
+  static constexpr bool is_symplectic = is_conservative_field<Ham>::value;  // see the opening comment
   static constexpr bool is_coupled = true;
   static constexpr bool is_reversible = true;
   static constexpr bool has_dynamics = true;
