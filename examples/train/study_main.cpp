@@ -35,11 +35,14 @@ namespace {
 
 /// "i/n" with 1 <= i <= n.
 std::pair<int, int> parse_shard(const std::string& text) {
-  int i = 0, n = 0;
-  char extra = 0;
-  if (std::sscanf(text.c_str(), "%d/%d%c", &i, &n, &extra) != 2 || n < 1 || i < 1 || i > n)
-    throw coupledqk::invalid_argument("--shard '" + text + "'; expected i/n with 1 <= i <= n (e.g. 1/2 and 2/2)");
-  return {i, n};
+  const auto slash = text.find('/');
+  const std::string a = text.substr(0, slash), b = slash == std::string::npos ? "" : text.substr(slash + 1);
+  const std::uint64_t top = 1000000;
+  if (slash == std::string::npos || !ct::unsigned_error(a, top).empty() || !ct::unsigned_error(b, top).empty() ||
+      std::stoull(b) < 1 || std::stoull(a) < 1 || std::stoull(a) > std::stoull(b))
+    throw coupledqk::invalid_argument("--shard '" + ct::bounded_quote(text) +
+                                      "'; expected i/n with 1 <= i <= n <= 1000000 (e.g. 1/2 and 2/2)");
+  return {static_cast<int>(std::stoull(a)), static_cast<int>(std::stoull(b))};
 }
 
 /// Seconds per training token of finished runs with the same model shape (else all), for estimates.
@@ -163,6 +166,7 @@ struct RunFlags {
   int max_runs = 0;
   std::string shard = "1/1";
   int threads = -1;
+  bool threads_given = false;  ///< --threads was on the command line (else: the plan's)
   std::string work;
   std::string progress = "lines";
   bool rerun_other_versions = false;
@@ -261,12 +265,27 @@ int run(const Common& c, const RunFlags& f) {
   auto minutes = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count() / 60;
   };
+  // Every flag is checked before anything is read or created.
+  const auto shard = parse_shard(f.shard);
+  if (!(std::isfinite(f.max_minutes) && f.max_minutes >= 0))
+    throw coupledqk::invalid_argument("--max-minutes must be a finite number >= 0 (0: no limit); got " +
+                                      std::to_string(f.max_minutes));
+  if (f.max_runs < 0)
+    throw coupledqk::invalid_argument("--max-runs must be >= 0 (0: no limit); got " + std::to_string(f.max_runs));
+  if (f.checkpoint_every < 1)
+    throw coupledqk::invalid_argument("--checkpoint-every must be >= 1; got " + std::to_string(f.checkpoint_every));
+  if (f.stop_run_after_steps < 0)
+    throw coupledqk::invalid_argument("--stop-run-after-steps must be >= 0; got " + std::to_string(f.stop_run_after_steps));
+  if (f.threads_given && !ct::threads_error(f.threads).empty())
+    throw coupledqk::invalid_argument(ct::threads_error(f.threads));
+  ct::parse_progress_mode(f.progress);
+  if (!f.work.empty()) {
+    std::error_code ec;
+    if (fs::exists(f.work, ec) && !fs::is_directory(f.work, ec))
+      throw coupledqk::invalid_argument("--work '" + f.work + "' exists and is not a folder");
+  }
   const cs::Plan plan = load(c);
   cs::Store store(plan, results_dir(c, plan));
-  const auto shard = parse_shard(f.shard);
-  if (f.max_minutes < 0) throw coupledqk::invalid_argument("--max-minutes must be >= 0 (0: no limit)");
-  if (f.max_runs < 0) throw coupledqk::invalid_argument("--max-runs must be >= 0 (0: no limit)");
-  if (f.checkpoint_every < 1) throw coupledqk::invalid_argument("--checkpoint-every must be >= 1");
   const std::vector<const cs::RunSpec*> mine = shard_runs(plan, shard);
   std::vector<const cs::RunSpec*> todo;
   std::map<std::string, int> other_versions;
@@ -303,7 +322,7 @@ int run(const Common& c, const RunFlags& f) {
   std::error_code ec;
   fs::create_directories(work, ec);
   if (ec) throw coupledqk::io_error("cannot create the work folder '" + work.string() + "': " + ec.message());
-  const int threads = ct::set_threads(f.threads >= 0 ? f.threads : plan.threads);
+  const int threads = ct::set_threads(f.threads_given ? f.threads : plan.threads);
   ct::install_interrupt_handler();
   std::map<std::string, std::unique_ptr<ct::TrainData>> data_cache;
   int ran = 0;
@@ -399,6 +418,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  rf.threads_given = run_cmd->count("--threads") > 0;
   try {
     if (*run_cmd) return run(common, rf);
     if (*status_cmd) return status(common);
