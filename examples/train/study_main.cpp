@@ -45,34 +45,44 @@ std::pair<int, int> parse_shard(const std::string& text) {
   return {static_cast<int>(std::stoull(a)), static_cast<int>(std::stoull(b))};
 }
 
-/// Seconds per training token of finished runs with the same model shape (else all), for estimates.
-double seconds_per_token(const cs::Plan& plan, const cs::Store& store, const cs::RunSpec& run) {
-  double same = 0, same_tokens = 0, all = 0, all_tokens = 0;
-  for (const auto& [id, r] : store.results()) {
-    const cs::RunSpec* spec = nullptr;
-    for (const cs::RunSpec& s : plan.runs)
-      if (s.id == id) spec = &s;
-    if (!spec || r.tokens <= 0) continue;
-    all += r.train_seconds;
-    all_tokens += static_cast<double>(r.tokens);
-    const auto& a = spec->options;
-    const auto& b = run.options;
-    if (a.dim == b.dim && a.layers == b.layers && a.seq == b.seq && a.vocab == b.vocab && a.heads == b.heads &&
-        a.device == b.device) {
-      same += r.train_seconds;
-      same_tokens += static_cast<double>(r.tokens);
+/// Seconds per training token of the finished runs with the same model shape (else of all), for
+/// estimates; computed once per store state, so that estimating every run is linear in the plan.
+class Speeds {
+ public:
+  Speeds(const cs::Plan& plan, const cs::Store& store) {
+    std::map<std::string, const cs::RunSpec*> by_id;
+    for (const cs::RunSpec& s : plan.runs) by_id[s.id] = &s;
+    for (const auto& [id, r] : store.results()) {
+      const auto it = by_id.find(id);
+      if (it == by_id.end() || r.tokens <= 0) continue;
+      all_ += r.train_seconds;
+      all_tokens_ += static_cast<double>(r.tokens);
+      auto& shape = by_shape_[shape_of(*it->second)];
+      shape.first += r.train_seconds;
+      shape.second += static_cast<double>(r.tokens);
     }
   }
-  if (same_tokens > 0) return same / same_tokens;
-  if (all_tokens > 0) return all / all_tokens;
-  return 0;
-}
+  double per_token(const cs::RunSpec& run) const {
+    const auto it = by_shape_.find(shape_of(run));
+    if (it != by_shape_.end() && it->second.second > 0) return it->second.first / it->second.second;
+    return all_tokens_ > 0 ? all_ / all_tokens_ : 0;
+  }
+  /// Seconds a run would take (0: unknown).
+  double estimate(const cs::RunSpec& run) const {
+    // steps > 1 integrate N sub-steps: a rough factor (measured runs of the same shape dominate anyway)
+    return per_token(run) * static_cast<double>(ct::effective_budget_tokens(run.options)) *
+           (1.0 + 0.1 * (run.variant.steps - 1));
+  }
 
-double estimate_seconds(const cs::Plan& plan, const cs::Store& store, const cs::RunSpec& run) {
-  // steps > 1 integrate N sub-steps: a rough factor (measured runs of the same shape dominate anyway)
-  return seconds_per_token(plan, store, run) * static_cast<double>(ct::effective_budget_tokens(run.options)) *
-         (1.0 + 0.1 * (run.variant.steps - 1));
-}
+ private:
+  static std::string shape_of(const cs::RunSpec& s) {
+    const auto& o = s.options;
+    return std::to_string(o.dim) + "," + std::to_string(o.layers) + "," + std::to_string(o.seq) + "," +
+           std::to_string(o.vocab) + "," + std::to_string(o.heads) + "," + o.device;
+  }
+  std::map<std::string, std::pair<double, double>> by_shape_;
+  double all_ = 0, all_tokens_ = 0;
+};
 
 std::string duration(double s) { return s > 0 ? ct::format_duration(s) : std::string("unknown"); }
 
@@ -108,6 +118,7 @@ int status(const Common& c) {
             << " runs finished, results in " << store.dir() << "\n";
   double left = 0;
   bool unknown = false;
+  const Speeds speeds(plan, store);
   for (const cs::Group& g : plan.groups) {
     int done = 0, total = 0;
     for (std::uint64_t s : g.seeds)
@@ -120,7 +131,7 @@ int status(const Common& c) {
   }
   for (const cs::RunSpec& r : plan.runs)
     if (!store.done(r)) {
-      const double e = estimate_seconds(plan, store, r);
+      const double e = speeds.estimate(r);
       left += e;
       unknown |= e <= 0;
     }
@@ -329,9 +340,10 @@ int run(const Common& c, const RunFlags& f) {
   for (const cs::RunSpec* r : todo) {
     double left = 0;
     bool unknown = false;
+    const Speeds speeds(plan, store);
     for (const cs::RunSpec* x : todo)
       if (!store.done(*x) || x == r) {
-        const double e = estimate_seconds(plan, store, *x);
+        const double e = speeds.estimate(*x);
         left += e;
         unknown |= e <= 0;
       }
@@ -340,7 +352,7 @@ int run(const Common& c, const RunFlags& f) {
                 << " runs left (run the command again to continue)" << std::endl;
       return 0;
     }
-    const double estimate = estimate_seconds(plan, store, *r);
+    const double estimate = speeds.estimate(*r);
     if (f.max_minutes > 0 && (minutes() >= f.max_minutes || minutes() + estimate / 60 > f.max_minutes)) {
       std::cout << "stopping: --max-minutes " << f.max_minutes << " (" << std::fixed << std::setprecision(1)
                 << minutes() << " min used; the next run needs about " << duration(estimate) << "); " << total - done
