@@ -1,4 +1,5 @@
 #include "progress.hpp"
+#include "gnuplot.hpp"
 
 #include <cerrno>
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -233,6 +235,21 @@ std::uint64_t parse_unsigned(const std::string& text, std::uint64_t max, const s
 }
 
 std::string bounded_quote(const std::string& s) { return io::detail::quote(s); }
+
+std::string gnuplot_string(const std::string& s) {
+  static const std::string safe =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _.,:;/()+=%#*[]<>!-";
+  std::string out = "'";
+  for (std::size_t i = 0; i < s.size() && i < 120; ++i) out += safe.find(s[i]) == std::string::npos ? '?' : s[i];
+  return out + (s.size() > 120 ? "...'" : "'");
+}
+
+bool run_gnuplot(const std::string& script) {
+  const std::filesystem::path p(script);
+  const std::string dir = p.parent_path().empty() ? std::string(".") : p.parent_path().string();
+  const std::string cmd = "cd " + shell_quote(dir) + " && gnuplot " + shell_quote(p.filename().string()) + " 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gnuplot.hpp"
 #include "study.hpp"
 
 namespace coupledqk::train::study {
@@ -84,24 +85,7 @@ Band band(const std::vector<const RunResult*>& runs) {
 
 bool have_gnuplot() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
 
-/// Runs gnuplot on `script` from its own folder: scripts name their files relative to it, so that
-/// no path reaches a script.
-bool run_gnuplot(const fs::path& script) {
-  const std::string cmd = "cd " + shell_quote(script.parent_path().string()) + " && gnuplot " +
-                          shell_quote(script.filename().string()) + " 2>&1";
-  return std::system(cmd.c_str()) == 0;
-}
-
-/// Text from the plan as a gnuplot string literal: single quotes (no backquote substitution, no
-/// escapes) around the text cut to 120 characters, every character outside a small alphabet written
-/// as '?'. A plan is data: nothing in it can end the string and become a command.
-std::string gnuplot_text(const std::string& s) {
-  static const std::string safe =
-      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _.,:;/()+=%#*[]<>!-";
-  std::string out = "'";
-  for (std::size_t i = 0; i < s.size() && i < 120; ++i) out += safe.find(s[i]) == std::string::npos ? '?' : s[i];
-  return out + (s.size() > 120 ? "...'" : "'");
-}
+bool run_gnuplot(const fs::path& script) { return train::run_gnuplot(script.string()); }
 
 /// A plot folder of an earlier report: only regular .tsv, .gp and .png files (what write_report
 /// writes), so that replacing it loses nothing else.
@@ -198,13 +182,13 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     written.push_back(tsv.string());
     std::ofstream g(gp);
     g << "set terminal pngcairo size 900,560 font 'sans,10'\nset output '" << png.filename().string() << "'\n"
-      << "set title " << gnuplot_text("Claim " + c.id + ": validation perplexity (mean; band: min-max over seeds)")
+      << "set title " << gnuplot_string("Claim " + c.id + ": validation perplexity (mean; band: min-max over seeds)")
       << "\n"
       << "set xlabel 'training tokens'\nset ylabel 'validation perplexity (log scale)'\nset logscale y\nset grid\n"
       << "set key top right\nset format x '%.1s%c'\nset style fill transparent solid 0.18 noborder\n";
     if (c.test == ClaimTest::tokens_to_target && cr.a_ppl > 0)
       g << "set arrow from graph 0, first " << cr.a_ppl << " to graph 1, first " << cr.a_ppl
-        << " nohead dt 2 lc rgb '#555555'\nset label " << gnuplot_text(c.a.text() + " final") << " at graph 0.02, first "
+        << " nohead dt 2 lc rgb '#555555'\nset label " << gnuplot_string(c.a.text() + " final") << " at graph 0.02, first "
         << cr.a_ppl * 1.02 << "\n";
     g << "plot ";
     for (int i = 0; i < blocks; ++i) {
@@ -212,7 +196,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       g << (i ? ", \\\n     " : "") << "'" << tsv.filename().string() << "' index " << i
         << " using 1:3:4 with filledcurves lc rgb '" << col << "' notitle, \\\n     '" << tsv.filename().string()
         << "' index " << i << " using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '" << col << "' title "
-        << gnuplot_text(titles[static_cast<std::size_t>(i)]);
+        << gnuplot_string(titles[static_cast<std::size_t>(i)]);
     }
     g << "\n";
     g.close();
@@ -241,7 +225,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       const ClaimTest t = cr.claim->test;
       if (t != ClaimTest::better && t != ClaimTest::worse && t != ClaimTest::equivalent) continue;
       ++x;
-      tics += (tics.empty() ? "" : ", ") + gnuplot_text(cr.claim->id) + " " + std::to_string(x);
+      tics += (tics.empty() ? "" : ", ") + gnuplot_string(cr.claim->id) + " " + std::to_string(x);
       for (std::size_t i = 0; i < cr.values.size(); ++i)
         data << x << "\t" << cr.claim->id << "\t" << cr.seeds[i] << "\t" << cr.values[i] << "\n";
       if (cr.estimate.n >= 1)
@@ -303,7 +287,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       written.push_back(tsv.string());
       std::ofstream gs(gp);
       gs << "set terminal pngcairo size 700,480 font 'sans,10'\nset output '" << png.filename().string() << "'\n"
-         << "set title " << gnuplot_text(g.name + "/" + name + ": final validation perplexity vs integration steps (mean, 95% CI)")
+         << "set title " << gnuplot_string(g.name + "/" + name + ": final validation perplexity vs integration steps (mean, 95% CI)")
          << "\n"
          << "set xlabel 'steps N'\nset ylabel 'validation perplexity'\nset grid\nset xrange [0:8]\nset key off\n"
          << "plot '" << tsv.filename().string() << "' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#1f77b4'\n";
