@@ -485,7 +485,7 @@ struct ResultReader {
     if (!v.is_number()) fail(key, "a number", &v);
     return v.get<double>();
   }
-  double number(const json& j, const char* key) const { return number(at(j, key), key); }
+  double number(const json& j, const char* key) const { return number(at(j, key), std::string(key)); }
   template <class T>
   T count(const json& v, const std::string& key) const {
     if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<long long>() >= 0))
@@ -496,7 +496,7 @@ struct ResultReader {
   }
   template <class T>
   T count(const json& j, const char* key) const {
-    return count<T>(at(j, key), key);
+    return count<T>(at(j, key), std::string(key));
   }
   const json& array(const json& j, const char* key) const {
     const json& v = at(j, key);
