@@ -571,7 +571,7 @@ TEST_CASE("coupledqk-study: refused flags and failed reports leave everything as
   const auto cache_before = snapshot(fs::path(d.cache) / "study");
   for (const auto& [flags, message] : refused) {
     INFO(flags);
-    const Ran r = run_study(dir, "run '" + plan + "' --progress off " + flags);  // default results folder
+    const Ran r = run_study(dir, "run '" + plan + "' " + flags);  // default results folder
     INFO(r.err);
     CHECK(r.status != 0);
     CHECK(contains(r.err, message));
