@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <coupledqk/io/json_read.hpp>
+
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
 #endif
@@ -152,22 +154,10 @@ std::string to_json(const CheckpointInfo& info) {
 }
 
 CheckpointInfo checkpoint_info_from_json(const std::string& text, const std::string& source) {
-  json j;
-  // Nesting is limited while reading (the safetensors header's limit, by the same SAX pass), so that
-  // nothing that prints or walks a value from the file recurses without bound.
-  io::detail::header_scan scan;
-  if (!json::sax_parse(text, &scan) || scan.too_many) {
-    if (scan.too_deep)
-      throw io_error(where(source) + "the 'coupledqk' metadata nests JSON arrays or objects more than " +
-                     std::to_string(io::max_header_depth) + " levels deep; a checkpoint's needs 3");
-    throw io_error(where(source) + "the 'coupledqk' metadata is not valid JSON (" + io::detail::quote(scan.error) +
-                   ")");
-  }
-  try {
-    j = json::parse(text);
-  } catch (const std::exception& e) {
-    throw io_error(where(source) + "the 'coupledqk' metadata is not valid JSON (" + io::detail::quote(e.what()) + ")");
-  }
+  // The project's bounded JSON reader (json_read.hpp): the safetensors header's depth limit, and a
+  // duplicated key is an error rather than one of its values silently kept.
+  const json j = io::read_json<io_error, json>(text, where(source) + "the 'coupledqk' metadata",
+                               io::json_limits{io::max_header_bytes, io::max_header_depth});
   if (!j.is_object()) throw io_error(where(source) + "the 'coupledqk' metadata is not a JSON object");
   const std::string format = get<std::string>(j, "format", "", source);
   if (format != checkpoint_format)

@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 
 #include "distributed.hpp"
+#include "gnuplot.hpp"
 #include "trainer.hpp"
 #include "variant_spec.hpp"
 
@@ -344,21 +345,22 @@ int main(int argc, char** argv) {
     {
       std::ofstream gp(out / "plot.gp");
       gp << "set terminal pngcairo size 960,600 font 'sans,11'\n"
-         << "set output '" << (out / "valid_ppl.png").string() << "'\n"
-         << "set title 'Validation perplexity vs training tokens (" << o.corpus << ", mean over " << seeds << " seed"
-         << (seeds > 1 ? "s" : "") << ")'\n"
+         << "set output 'valid_ppl.png'\n"  // gnuplot runs in the output folder: no path in the script
+         << "set title "
+         << ct::gnuplot_string("Validation perplexity vs training tokens (" + o.corpus + ", mean over " +
+                               std::to_string(seeds) + " seed" + (seeds > 1 ? "s" : "") + ")")
+         << "\n"
          << "set xlabel 'training tokens'\nset ylabel 'validation perplexity (log scale)'\n"
          << "set logscale y\nset grid\nset key top right\nset format x '%.0s%c'\n"
          << "set datafile separator '\\t'\n"
          << "plot ";
       for (std::size_t i = 0; i < rows.size(); ++i)
-        gp << (i ? ", \\\n     " : "") << "'" << (out / "curves_mean.tsv").string() << "' index " << i
-           << " using 1:2 with linespoints lw 2 pt 7 ps 0.6 title '" << rows[i].variant.label << "'";
+        gp << (i ? ", \\\n     " : "") << "'curves_mean.tsv' index " << i
+           << " using 1:2 with linespoints lw 2 pt 7 ps 0.6 title " << ct::gnuplot_string(rows[i].variant.label);
       gp << "\n";
     }
     if (std::system("command -v gnuplot > /dev/null 2>&1") == 0) {
-      const std::string cmd = "gnuplot " + shell_quote((out / "plot.gp").string());
-      if (std::system(cmd.c_str()) != 0)
+      if (!ct::run_gnuplot((out / "plot.gp").string()))
         plot_note = "gnuplot failed; the curves are in curves.tsv and curves_mean.tsv";
     } else {
       plot_note = "gnuplot is not installed (Debian: gnuplot-nox); no plot, the curves are in curves_mean.tsv";

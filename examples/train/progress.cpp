@@ -1,16 +1,20 @@
 #include "progress.hpp"
+#include "gnuplot.hpp"
 
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include <coupledqk/core/error.hpp>
+#include <coupledqk/io/safetensors.hpp>
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
@@ -201,6 +205,50 @@ std::string file_safe(std::string s) {
   for (char& c : s)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '-';
   return s;
+}
+
+std::string name_error(const std::string& s) {
+  if (s.empty()) return "is empty; a name is 1 to " + std::to_string(max_name_length) + " characters";
+  if (s.size() > max_name_length)
+    return "is " + std::to_string(s.size()) + " characters long; at most " + std::to_string(max_name_length) +
+           " are accepted";
+  if (file_safe(s) != s) return "must use letters, digits, '-', '_' and '.' only (it is a name, not a path)";
+  if (s[0] == '.') return "must not start with '.' (it is a name, not a path)";
+  return "";
+}
+
+std::string unsigned_error(const std::string& text, std::uint64_t max) {
+  const std::string range = "expected an integer in [0, " + std::to_string(max) + "]";
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+    return "'" + bounded_quote(text) + "' is not a non-negative integer; " + range;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (errno == ERANGE || *end != '\0' || v > max) return "'" + bounded_quote(text) + "' is out of range; " + range;
+  return "";
+}
+
+std::uint64_t parse_unsigned(const std::string& text, std::uint64_t max, const std::string& what) {
+  const std::string bad = unsigned_error(text, max);
+  if (!bad.empty()) throw invalid_argument(what + " = " + bad);
+  return std::strtoull(text.c_str(), nullptr, 10);
+}
+
+std::string bounded_quote(const std::string& s) { return io::detail::quote(s); }
+
+std::string gnuplot_string(const std::string& s) {
+  static const std::string safe =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _.,:;/()+=%#*[]<>!-";
+  std::string out = "'";
+  for (std::size_t i = 0; i < s.size() && i < 120; ++i) out += safe.find(s[i]) == std::string::npos ? '?' : s[i];
+  return out + (s.size() > 120 ? "...'" : "'");
+}
+
+bool run_gnuplot(const std::string& script) {
+  const std::filesystem::path p(script);
+  const std::string dir = p.parent_path().empty() ? std::string(".") : p.parent_path().string();
+  const std::string cmd = "cd " + shell_quote(dir) + " && gnuplot " + shell_quote(p.filename().string()) + " 2>&1";
+  return std::system(cmd.c_str()) == 0;
 }
 
 std::string cpu_model() {

@@ -2,6 +2,7 @@
 // JSON-lines metrics file (one object per step, per evaluation, and a final summary).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -86,6 +87,18 @@ std::string format_count(double value);
 std::string shell_quote(const std::string& s);
 /// `s` with every character but letters, digits, '-', '_' and '.' replaced by '-' (file names).
 std::string file_safe(std::string s);
+/// Longest name (plan, group, claim id) accepted: names become file names and labels.
+inline constexpr std::size_t max_name_length = 64;
+/// What is wrong with `s` as a name -- 1 to max_name_length letters, digits, '-', '_' and '.', not
+/// starting with '.' (so never a path, "." or ".."); "" when it is one.
+std::string name_error(const std::string& s);
+/// What is wrong with `text` as a decimal integer in [0, max] (no sign, spaces or wrapping: "-1"
+/// and 2^64 are refused); "" when it is one. The one integer rule of the CLI checks, plans and flags.
+std::string unsigned_error(const std::string& text, std::uint64_t max);
+/// The integer; invalid_argument "<what> = '<text>' is not ..." otherwise.
+std::uint64_t parse_unsigned(const std::string& text, std::uint64_t max, const std::string& what);
+/// `s` cut to a bounded length with control characters escaped, for messages (io::detail::quote).
+std::string bounded_quote(const std::string& s);
 /// The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none).
 std::string cpu_model();
 

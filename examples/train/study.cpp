@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <coupledqk/io/json_read.hpp>
 #include <coupledqk/io/safetensors.hpp>
 #include <coupledqk/registry.hpp>
 
@@ -43,10 +44,23 @@ std::string hex16(std::uint64_t v) {
   return b;
 }
 
-std::string read_text(const std::string& path, const char* what) {
+/// Limits of the JSON the study reads (json_read.hpp): a plan of the repository is a few kB and nests
+/// 4 levels (root, groups, a group, its "set"); a result holds a curve of a few hundred points.
+constexpr io::json_limits plan_limits{4u << 20, 8};
+constexpr io::json_limits result_limits{16u << 20, 8};
+/// Most runs a plan may resolve to (groups x seeds x variants), checked before any is resolved.
+constexpr std::size_t max_plan_runs = 20000;
+
+std::string shown(const json& v) { return io::json_excerpt(v); }
+
+std::string read_text(const std::string& path, const char* what, std::size_t max_bytes) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
     throw io_error(std::string(what) + " '" + path + "' does not exist or is not a regular file");
+  const auto size = fs::file_size(path, ec);
+  if (!ec && size > max_bytes)
+    throw io_error(std::string(what) + " '" + path + "' is " + std::to_string(size) + " bytes long; at most " +
+                   std::to_string(max_bytes) + " bytes are accepted (is it the right file?)");
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();
@@ -64,7 +78,7 @@ std::string flag_text(const json& v, const std::string& where) {
     return b;
   }
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
-  throw invalid_argument(where + ": expected a number or a string; got " + v.dump());
+  throw invalid_argument(where + ": expected a number or a string; got " + shown(v));
 }
 
 /// Flags a plan may not set: they come from the variants and seeds, or do not change the run.
@@ -82,7 +96,7 @@ void set_flag(TrainOptions& o, const std::string& name, const std::string& text,
   for (FlagSpec& f : flags) {
     if (f.name != "--" + name) continue;
     auto bad = [&](const char* expected) {
-      return invalid_argument(where + ": '" + name + "' = '" + text + "' is not " + expected);
+      return invalid_argument(where + ": '" + name + "' = '" + bounded_quote(text) + "' is not " + expected);
     };
     std::visit(
         [&](auto* target) {
@@ -97,13 +111,10 @@ void set_flag(TrainOptions& o, const std::string& name, const std::string& text,
             const double v = std::strtod(text.c_str(), &end);
             if (text.empty() || *end != '\0' || !std::isfinite(v)) throw bad("a finite number");
             *target = v;
-          } else {
-            errno = 0;
-            const long long v = std::strtoll(text.c_str(), &end, 10);
-            if (text.empty() || *end != '\0' || errno || v < 0 ||
-                static_cast<unsigned long long>(v) > static_cast<unsigned long long>(std::numeric_limits<T>::max()))
-              throw bad("a non-negative integer in range");
-            *target = static_cast<T>(v);
+          } else {  // the CLI's integer rule (progress.hpp): no sign, no wrapping
+            const std::string e = unsigned_error(text, static_cast<std::uint64_t>(std::numeric_limits<T>::max()));
+            if (!e.empty()) throw invalid_argument(where + ": '--" + name + "' = " + e);
+            *target = static_cast<T>(std::strtoull(text.c_str(), nullptr, 10));
           }
         },
         f.target);
@@ -112,7 +123,7 @@ void set_flag(TrainOptions& o, const std::string& name, const std::string& text,
   std::string accepted;
   for (const FlagSpec& f : flags)
     if (!reserved_flags().count(f.name.substr(2))) accepted += (accepted.empty() ? "" : ", ") + f.name.substr(2);
-  throw invalid_argument(where + ": unknown flag '" + name + "'; accepted: " + accepted);
+  throw invalid_argument(where + ": unknown flag '" + bounded_quote(name) + "'; accepted: " + accepted);
 }
 
 /// The identity of a run: "name=value" of every flag that changes what is trained, sorted.
@@ -152,7 +163,7 @@ void check_keys(const json& j, const std::set<std::string>& allowed, const std::
     if (!allowed.count(it.key())) {
       std::string list;
       for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-      throw invalid_argument(where + ": unknown key '" + it.key() + "'; accepted: " + list);
+      throw invalid_argument(where + ": unknown key '" + bounded_quote(it.key()) + "'; accepted: " + list);
     }
   }
 }
@@ -165,7 +176,7 @@ const json& need(const json& j, const char* key, const std::string& where) {
 std::string need_string(const json& j, const char* key, const std::string& where) {
   const json& v = need(j, key, where);
   if (!v.is_string() || v.get<std::string>().empty())
-    throw invalid_argument(where + ": \"" + key + "\" must be a non-empty string; got " + v.dump());
+    throw invalid_argument(where + ": \"" + key + "\" must be a non-empty string; got " + shown(v));
   return v.get<std::string>();
 }
 
@@ -173,7 +184,7 @@ ArmRef parse_arm(const json& j, const char* key, const std::string& where) {
   const std::string text = need_string(j, key, where);
   const auto slash = text.find('/');
   if (slash == std::string::npos || slash == 0 || slash + 1 == text.size())
-    throw invalid_argument(where + ": \"" + key + "\" = '" + text + "'; expected group/variant (e.g. sotu/leapfrog)");
+    throw invalid_argument(where + ": \"" + key + "\" = '" + bounded_quote(text) + "'; expected group/variant (e.g. sotu/leapfrog)");
   return ArmRef{text.substr(0, slash), text.substr(slash + 1)};
 }
 
@@ -182,7 +193,7 @@ ArmRef parse_arm(const json& j, const char* key, const std::string& where) {
 VariantSpec parse_variant(const std::string& text, const std::string& where) {
   VariantSpec v = parse_variant_spec(text, where);
   if (!builtin_variants.contains(v.attention))
-    throw invalid_argument(where + ": unknown attention variant '" + v.attention + "'; accepted: " +
+    throw invalid_argument(where + ": unknown attention variant '" + bounded_quote(v.attention) + "'; accepted: " +
                            builtin_variants.names_joined());
   return v;
 }
@@ -211,104 +222,126 @@ const RunSpec* Plan::find(const ArmRef& arm, std::uint64_t seed) const {
 }
 
 const Group& Plan::group_of(const ArmRef& arm, const std::string& claim_id) const {
-  for (const Group& g : groups)
-    if (g.name == arm.group) {
-      for (const VariantSpec& v : g.variants)
-        if (v.label == arm.variant) return g;
-      std::string list;
-      for (const VariantSpec& v : g.variants) list += (list.empty() ? "" : ", ") + v.label;
-      throw invalid_argument("plan '" + path + "': claim " + claim_id + " names '" + arm.text() + "', but group '" +
-                             g.name + "' has no variant '" + arm.variant + "'; it has: " + list);
-    }
-  std::string list;
-  for (const Group& g : groups) list += (list.empty() ? "" : ", ") + g.name;
-  throw invalid_argument("plan '" + path + "': claim " + claim_id + " names '" + arm.text() + "', but there is no group '" +
-                         arm.group + "'; groups: " + list);
+  const auto it = group_index.find(arm.group);
+  if (it != group_index.end()) {
+    const Group& g = groups[it->second];
+    for (const VariantSpec& v : g.variants)
+      if (v.label == arm.variant) return g;
+    std::vector<std::string> list;
+    for (const VariantSpec& v : g.variants) list.push_back(v.label);
+    throw invalid_argument("plan '" + path + "': claim " + bounded_quote(claim_id) + " names '" + bounded_quote(arm.text()) +
+                           "', but group '" + g.name + "' has no variant '" + bounded_quote(arm.variant) +
+                           "'; it has: " + io::detail::join_names(list));
+  }
+  std::vector<std::string> list;
+  for (const Group& g : groups) list.push_back(g.name);
+  throw invalid_argument("plan '" + path + "': claim " + bounded_quote(claim_id) + " names '" + bounded_quote(arm.text()) +
+                         "', but there is no group '" + bounded_quote(arm.group) + "'; groups: " + io::detail::join_names(list));
 }
+
+namespace {
+/// A plan's name, a group's name, a claim's id: names (progress.hpp), never paths or code.
+std::string need_name(const json& j, const char* key, const std::string& where) {
+  const json& v = need(j, key, where);
+  const std::string bad = v.is_string() ? name_error(v.get<std::string>()) : "must be a string";
+  if (!bad.empty()) throw invalid_argument(where + ": \"" + key + "\" = " + shown(v) + " " + bad);
+  return v.get<std::string>();
+}
+
+/// Flag values of an object ("defaults", "set") as command-line text, with where each was given.
+std::map<std::string, std::string> flag_values(const json& d, const std::string& where, const char* what) {
+  if (!d.is_object()) throw invalid_argument(where + ": \"" + what + "\" must be an object of flag values; got " + shown(d));
+  std::map<std::string, std::string> out;
+  for (auto it = d.begin(); it != d.end(); ++it)
+    if (it.key().rfind("_", 0) != 0) out[it.key()] = flag_text(it.value(), where + " " + what + "." + bounded_quote(it.key()));
+  return out;
+}
+}  // namespace
 
 Plan parse_plan(const std::string& text, const std::string& source,
                 const std::map<std::string, std::string>& overrides) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw invalid_argument("plan '" + source + "' is not valid JSON: " + e.what());
-  }
   const std::string where = "plan '" + source + "'";
+  const json j = io::read_json<invalid_argument>(text, where, plan_limits);
   if (!j.is_object()) throw invalid_argument(where + ": expected a JSON object at the top; got " + j.type_name());
   check_keys(j, {"plan", "description", "notes", "threads", "defaults", "groups", "claims", "cpu_time"}, where);
   Plan p;
   p.path = source;
-  p.name = need_string(j, "plan", where);
-  if (file_safe(p.name) != p.name)
-    throw invalid_argument(where + ": \"plan\" = '" + p.name + "' must use letters, digits, '-', '_' and '.' only");
+  p.name = need_name(j, "plan", where);
   if (j.contains("description")) p.description = need_string(j, "description", where);
-  if (j.contains("notes")) p.notes_file = need_string(j, "notes", where);
+  if (j.contains("notes")) {
+    // a file beside the plan: a name, so that a shared plan cannot pull any other file into a report
+    p.notes_file = need_name(j, "notes", where);
+  }
   if (j.contains("cpu_time")) p.cpu_time = need_string(j, "cpu_time", where);
   if (j.contains("threads")) {
     const json& t = j.at("threads");
-    if (!t.is_number_integer() || t.get<long long>() < 0 || t.get<long long>() > max_threads)
+    const std::string bad = threads_error(t.is_number_integer() ? t.get<long long>() : -1);
+    if (!t.is_number_integer() || !bad.empty())
       throw invalid_argument(where + ": \"threads\" must be an integer in [0, " + std::to_string(max_threads) +
-                             "]; got " + t.dump());
+                             "] (0: every idle core); got " + shown(t));
     p.threads = t.get<int>();
   }
-  if (j.contains("defaults")) {
-    const json& d = j.at("defaults");
-    if (!d.is_object()) throw invalid_argument(where + ": \"defaults\" must be an object of flag values");
-    for (auto it = d.begin(); it != d.end(); ++it)
-      if (it.key().rfind("_", 0) != 0) p.defaults[it.key()] = flag_text(it.value(), where + " defaults." + it.key());
-  }
+  if (j.contains("defaults")) p.defaults = flag_values(j.at("defaults"), where, "defaults");
   const json& groups = need(j, "groups", where);
-  if (!groups.is_array() || groups.empty()) throw invalid_argument(where + ": \"groups\" must be a non-empty array");
+  if (!groups.is_array() || groups.empty())
+    throw invalid_argument(where + ": \"groups\" must be a non-empty array; got " + shown(groups));
+  // Every check below is linear in the plan's size: sets and maps, never a scan of what came before.
+  std::size_t resolved = 0;
+  for (const json& gj : groups)
+    if (gj.is_object() && gj.contains("seeds") && gj.contains("variants") && gj.at("seeds").is_array() &&
+        gj.at("variants").is_array())
+      resolved += gj.at("seeds").size() * gj.at("variants").size();
+  if (resolved > max_plan_runs)
+    throw invalid_argument(where + ": its groups list " + std::to_string(resolved) + " runs (seeds x variants); at most " +
+                           std::to_string(max_plan_runs) + " are accepted in one plan (split it)");
   std::map<std::string, std::size_t> by_identity;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     const json& gj = groups[gi];
     const std::string gw = where + " groups[" + std::to_string(gi) + "]";
-    if (!gj.is_object()) throw invalid_argument(gw + ": expected an object");
+    if (!gj.is_object()) throw invalid_argument(gw + ": expected an object; got " + shown(gj));
     check_keys(gj, {"name", "variants", "seeds", "set"}, gw);
     Group g;
-    g.name = need_string(gj, "name", gw);
-    if (g.name.find('/') != std::string::npos || file_safe(g.name) != g.name)
-      throw invalid_argument(gw + ": name '" + g.name + "' must use letters, digits, '-', '_' and '.' only");
-    for (const Group& o : p.groups)
-      if (o.name == g.name) throw invalid_argument(gw + ": group name '" + g.name + "' is used twice");
+    g.name = need_name(gj, "name", gw);
+    if (p.group_index.count(g.name)) throw invalid_argument(gw + ": group name '" + g.name + "' is used twice");
     const json& vs = need(gj, "variants", gw);
-    if (!vs.is_array() || vs.empty()) throw invalid_argument(gw + ": \"variants\" must be a non-empty array");
+    if (!vs.is_array() || vs.empty())
+      throw invalid_argument(gw + ": \"variants\" must be a non-empty array; got " + shown(vs));
+    std::set<std::string> labels;
     for (const json& v : vs) {
-      if (!v.is_string()) throw invalid_argument(gw + ": every variant must be a string; got " + v.dump());
+      if (!v.is_string()) throw invalid_argument(gw + ": every variant must be a string; got " + shown(v));
       VariantSpec spec = parse_variant(v.get<std::string>(), gw);
-      for (const VariantSpec& o : g.variants)
-        if (o.label == spec.label) throw invalid_argument(gw + ": variant '" + spec.label + "' is listed twice");
+      if (!labels.insert(spec.label).second)
+        throw invalid_argument(gw + ": variant '" + bounded_quote(spec.label) + "' is listed twice");
       g.variants.push_back(spec);
     }
     const json& ss = need(gj, "seeds", gw);
-    if (!ss.is_array() || ss.empty()) throw invalid_argument(gw + ": \"seeds\" must be a non-empty array of integers");
+    if (!ss.is_array() || ss.empty())
+      throw invalid_argument(gw + ": \"seeds\" must be a non-empty array of integers; got " + shown(ss));
+    std::set<std::uint64_t> seen;
     for (const json& s : ss) {
       if (!s.is_number_unsigned() && !(s.is_number_integer() && s.get<long long>() >= 0))
-        throw invalid_argument(gw + ": every seed must be a non-negative integer; got " + s.dump());
+        throw invalid_argument(gw + ": every seed must be a non-negative integer; got " + shown(s));
       const auto seed = s.get<std::uint64_t>();
-      if (std::find(g.seeds.begin(), g.seeds.end(), seed) != g.seeds.end())
+      if (!seen.insert(seed).second)
         throw invalid_argument(gw + ": seed " + std::to_string(seed) + " is listed twice");
       g.seeds.push_back(seed);
     }
-    if (gj.contains("set")) {
-      const json& set = gj.at("set");
-      if (!set.is_object()) throw invalid_argument(gw + ": \"set\" must be an object of flag values");
-      for (auto it = set.begin(); it != set.end(); ++it)
-        if (it.key().rfind("_", 0) != 0) g.set[it.key()] = flag_text(it.value(), gw + " set." + it.key());
-    }
-    // The group's options: the trainer's defaults, the plan's, the group's, the overrides.
+    if (gj.contains("set")) g.set = flag_values(gj.at("set"), gw, "set");
+    // The group's options: the trainer's defaults, the plan's, the group's, the overrides. A value
+    // given anywhere is checked as the CLI checks it (validate_explicit: --tokens 0 is an error, not
+    // the default budget).
     TrainOptions base;
-    for (const auto& [k, v] : p.defaults) set_flag(base, k, v, where + " defaults");
-    for (const auto& [k, v] : g.set) set_flag(base, k, v, gw + " set");
-    for (const auto& [k, v] : overrides) set_flag(base, k, v, "command line");
+    std::set<std::string> given;
+    for (const auto& [k, v] : p.defaults) set_flag(base, k, v, where + " defaults"), given.insert("--" + k);
+    for (const auto& [k, v] : g.set) set_flag(base, k, v, gw + " set"), given.insert("--" + k);
+    for (const auto& [k, v] : overrides) set_flag(base, k, v, "command line"), given.insert("--" + k);
     {
       const auto& known = known_corpora();
       std::error_code ec;
       if (std::find(known.begin(), known.end(), base.corpus) == known.end() && !fs::exists(base.corpus, ec)) {
         std::string list;
         for (const auto& c : known) list += (list.empty() ? "" : ", ") + c;
-        throw invalid_argument(gw + ": unknown corpus '" + base.corpus + "'; accepted: " + list +
+        throw invalid_argument(gw + ": unknown corpus '" + bounded_quote(base.corpus) + "'; accepted: " + list +
                                ", or an existing file or folder");
       }
     }
@@ -324,7 +357,7 @@ Plan parse_plan(const std::string& text, const std::string& source,
         r.options.seed = seed;
         r.options.budget_seconds = 0;
         try {
-          validate(r.options);
+          validate_explicit(r.options, [&](const std::string& flag) { return given.count(flag) > 0; });
         } catch (const std::exception& e) {
           throw invalid_argument(gw + ", variant '" + v.label + "', seed " + std::to_string(seed) + ": " + e.what());
         }
@@ -336,20 +369,21 @@ Plan parse_plan(const std::string& text, const std::string& source,
         }
         p.arms[g.name + "/" + v.label + "#" + std::to_string(seed)] = by_identity[r.identity];
       }
+    p.group_index[g.name] = p.groups.size();
     p.groups.push_back(g);
   }
   if (j.contains("claims")) {
     const json& cs = j.at("claims");
-    if (!cs.is_array()) throw invalid_argument(where + ": \"claims\" must be an array");
+    if (!cs.is_array()) throw invalid_argument(where + ": \"claims\" must be an array; got " + shown(cs));
+    std::set<std::string> ids;
     for (std::size_t ci = 0; ci < cs.size(); ++ci) {
       const json& cj = cs[ci];
       const std::string cw = where + " claims[" + std::to_string(ci) + "]";
-      if (!cj.is_object()) throw invalid_argument(cw + ": expected an object");
+      if (!cj.is_object()) throw invalid_argument(cw + ": expected an object; got " + shown(cj));
       check_keys(cj, {"id", "title", "paper", "test", "a", "b", "c", "d", "margin"}, cw);
       Claim c;
-      c.id = need_string(cj, "id", cw);
-      for (const Claim& o : p.claims)
-        if (o.id == c.id) throw invalid_argument(cw + ": claim id '" + c.id + "' is used twice");
+      c.id = need_name(cj, "id", cw);
+      if (!ids.insert(c.id).second) throw invalid_argument(cw + ": claim id '" + c.id + "' is used twice");
       c.title = need_string(cj, "title", cw);
       if (cj.contains("paper")) c.paper = need_string(cj, "paper", cw);
       const std::string test = need_string(cj, "test", cw);
@@ -364,7 +398,7 @@ Plan parse_plan(const std::string& text, const std::string& source,
           found = true;
         }
       }
-      if (!found) throw invalid_argument(cw + ": unknown test '" + test + "'; accepted: " + names);
+      if (!found) throw invalid_argument(cw + ": unknown test '" + bounded_quote(test) + "'; accepted: " + names);
       c.a = parse_arm(cj, "a", cw);
       c.b = parse_arm(cj, "b", cw);
       p.group_of(c.a, c.id);
@@ -379,8 +413,8 @@ Plan parse_plan(const std::string& text, const std::string& source,
       }
       if (cj.contains("margin")) {
         const json& m = cj.at("margin");
-        if (!m.is_number() || !(m.get<double>() > 0))
-          throw invalid_argument(cw + ": \"margin\" must be a positive number (percent); got " + m.dump());
+        if (!m.is_number() || !(m.get<double>() > 0) || !std::isfinite(m.get<double>()))
+          throw invalid_argument(cw + ": \"margin\" must be a positive number (percent); got " + shown(m));
         c.margin = m.get<double>();
       }
       p.claims.push_back(c);
@@ -390,7 +424,7 @@ Plan parse_plan(const std::string& text, const std::string& source,
 }
 
 Plan load_plan(const std::string& path, const std::map<std::string, std::string>& overrides) {
-  return parse_plan(read_text(path, "plan"), path, overrides);
+  return parse_plan(read_text(path, "plan", plan_limits.max_bytes), path, overrides);
 }
 
 // ---- results ------------------------------------------------------------------------------------
@@ -430,45 +464,97 @@ std::string to_json(const RunResult& r) {
   return j.dump(1) + "\n";
 }
 
+namespace {
+/// Typed fields of a stored result, each error naming the file, the key and the value seen.
+struct ResultReader {
+  const std::string& source;
+  [[noreturn]] void fail(const std::string& key, const std::string& expected, const json* v) const {
+    throw io_error("result '" + source + "' is malformed: \"" + key + "\" " +
+                   (v ? "is " + shown(*v) : std::string("is missing")) + "; expected " + expected);
+  }
+  const json& at(const json& j, const char* key) const {
+    if (!j.is_object() || !j.contains(key)) fail(key, "a field of that name", nullptr);
+    return j.at(key);
+  }
+  std::string text(const json& j, const char* key) const {
+    const json& v = at(j, key);
+    if (!v.is_string()) fail(key, "a string", &v);
+    return v.get<std::string>();
+  }
+  double number(const json& v, const std::string& key) const {
+    if (!v.is_number()) fail(key, "a number", &v);
+    return v.get<double>();
+  }
+  double number(const json& j, const char* key) const { return number(at(j, key), std::string(key)); }
+  template <class T>
+  T count(const json& v, const std::string& key) const {
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<long long>() >= 0))
+      fail(key, "a non-negative integer", &v);
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) fail(key, "an integer in range", &v);
+    return static_cast<T>(u);
+  }
+  template <class T>
+  T count(const json& j, const char* key) const {
+    return count<T>(at(j, key), std::string(key));
+  }
+  const json& array(const json& j, const char* key) const {
+    const json& v = at(j, key);
+    if (!v.is_array()) fail(key, "an array", &v);
+    return v;
+  }
+};
+}  // namespace
+
 RunResult result_from_json(const std::string& text, const std::string& source) {
   RunResult r;
   r.file = source;
-  try {
-    const json j = json::parse(text);
-    if (!j.is_object() || j.value("format", "") != "coupledqk-study-result")
-      throw io_error("result '" + source + "' is not a coupledqk-study result (no \"format\": \"coupledqk-study-result\")");
-    if (j.at("version").get<int>() != 1)
-      throw io_error("result '" + source + "' has format version " + j.at("version").dump() + "; this build reads 1");
-    r.plan = j.at("plan").get<std::string>();
-    r.id = j.at("id").get<std::string>();
-    r.identity = j.at("identity").get<std::string>();
-    r.group = j.at("group").get<std::string>();
-    r.variant = j.at("variant").get<std::string>();
-    r.seed = j.at("seed").get<std::uint64_t>();
-    r.code_version = j.at("code_version").get<std::string>();
-    r.valid_loss = j.at("valid_loss").get<double>();
-    r.valid_ppl = j.at("valid_ppl").get<double>();
-    r.test_loss = j.at("test_loss").get<double>();
-    r.test_ppl = j.at("test_ppl").get<double>();
-    r.tokens_per_s = j.at("tokens_per_s").get<double>();
-    r.train_seconds = j.at("train_seconds").get<double>();
-    r.tokens = j.at("tokens").get<Index>();
-    r.steps = j.at("steps").get<Index>();
-    r.parameters = j.at("parameters").get<Index>();
-    r.dynamics_parameters = j.at("dynamics_parameters").get<Index>();
-    r.threads = j.at("threads").get<int>();
-    r.device = j.at("device").get<std::string>();
-    r.machine = j.at("machine").get<std::string>();
-    r.date = j.at("date").get<std::string>();
-    for (const json& c : j.at("curve")) {
-      if (!c.is_array() || c.size() != 4) throw io_error("result '" + source + "': a curve point is not [step, tokens, loss, ppl]");
-      r.curve.push_back(CurvePoint{c[0].get<Index>(), c[1].get<Index>(), c[2].get<double>(), c[3].get<double>()});
-    }
-    for (const json& d : j.at("dynamics"))
-      r.dynamics.push_back(LayerDiagnostics{d.at("tau").get<std::vector<double>>(), d.at("q_displacement").get<double>(),
-                                            d.at("k_displacement").get<double>()});
-  } catch (const json::exception& e) {
-    throw io_error("result '" + source + "' is malformed: " + e.what());
+  const json j = io::read_json(text, "result '" + source + "'", result_limits);
+  if (!j.is_object() || !j.contains("format") || j.at("format") != "coupledqk-study-result")
+    throw io_error("result '" + source + "' is not a coupledqk-study result (no \"format\": \"coupledqk-study-result\")");
+  const ResultReader f{source};
+  if (!f.at(j, "version").is_number_integer() || f.at(j, "version").get<long long>() != 1)
+    throw io_error("result '" + source + "' has format version " + shown(j.at("version")) + "; this build reads 1");
+  r.plan = f.text(j, "plan");
+  r.id = f.text(j, "id");
+  r.identity = f.text(j, "identity");
+  r.group = f.text(j, "group");
+  r.variant = f.text(j, "variant");
+  r.seed = f.count<std::uint64_t>(j, "seed");
+  r.code_version = f.text(j, "code_version");
+  r.valid_loss = f.number(j, "valid_loss");
+  r.valid_ppl = f.number(j, "valid_ppl");
+  r.test_loss = f.number(j, "test_loss");
+  r.test_ppl = f.number(j, "test_ppl");
+  r.tokens_per_s = f.number(j, "tokens_per_s");
+  r.train_seconds = f.number(j, "train_seconds");
+  r.tokens = f.count<Index>(j, "tokens");
+  r.steps = f.count<Index>(j, "steps");
+  r.parameters = f.count<Index>(j, "parameters");
+  r.dynamics_parameters = f.count<Index>(j, "dynamics_parameters");
+  r.threads = f.count<int>(j, "threads");
+  r.device = f.text(j, "device");
+  r.machine = f.text(j, "machine");
+  r.date = f.text(j, "date");
+  const json& curve = f.array(j, "curve");
+  for (std::size_t i = 0; i < curve.size(); ++i) {
+    const json& c = curve[i];
+    const std::string key = "curve[" + std::to_string(i) + "]";
+    if (!c.is_array() || c.size() != 4) f.fail(key, "a curve point [step, tokens, loss, ppl]", &c);
+    r.curve.push_back(CurvePoint{f.count<Index>(c[0], key + "[0]"), f.count<Index>(c[1], key + "[1]"),
+                                 f.number(c[2], key + "[2]"), f.number(c[3], key + "[3]")});
+  }
+  const json& dynamics = f.array(j, "dynamics");
+  for (std::size_t i = 0; i < dynamics.size(); ++i) {
+    const json& d = dynamics[i];
+    const std::string key = "dynamics[" + std::to_string(i) + "]";
+    if (!d.is_object()) f.fail(key, "an object {tau, q_displacement, k_displacement}", &d);
+    LayerDiagnostics l;
+    const json& tau = f.array(d, "tau");
+    for (std::size_t k = 0; k < tau.size(); ++k) l.tau.push_back(f.number(tau[k], key + ".tau[" + std::to_string(k) + "]"));
+    l.q_displacement = f.number(d, "q_displacement");
+    l.k_displacement = f.number(d, "k_displacement");
+    r.dynamics.push_back(std::move(l));
   }
   if (!(std::isfinite(r.valid_ppl) && r.valid_ppl > 0 && std::isfinite(r.test_ppl) && r.test_ppl > 0))
     throw io_error("result '" + source + "' holds a non-positive or non-finite perplexity");
@@ -476,9 +562,12 @@ RunResult result_from_json(const std::string& text, const std::string& source) {
 }
 
 Store::Store(const Plan& plan, std::string dir) : plan_(plan), dir_(std::move(dir)) {
+  // Nothing is created here: the folder appears with the first result saved (a refused command
+  // leaves no empty folder behind).
   std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec || !fs::is_directory(dir_)) throw io_error("cannot create the results folder '" + dir_ + "': " + ec.message());
+  if (!fs::exists(dir_, ec)) return;
+  if (!fs::is_directory(dir_, ec))
+    throw io_error("the results folder '" + dir_ + "' exists but is not a folder");
   std::map<std::string, const RunSpec*> by_id;
   for (const RunSpec& r : plan_.runs) by_id[r.id] = &r;
   std::vector<fs::path> files;
@@ -487,9 +576,9 @@ Store::Store(const Plan& plan, std::string dir) : plan_(plan), dir_(std::move(di
       files.push_back(e.path());
   std::sort(files.begin(), files.end());
   for (const fs::path& f : files) {
-    RunResult r = result_from_json(read_text(f.string(), "result"), f.string());
+    RunResult r = result_from_json(read_text(f.string(), "result", result_limits.max_bytes), f.string());
     if (r.plan != plan_.name)
-      throw io_error("result '" + f.string() + "' belongs to plan '" + r.plan + "', not to '" + plan_.name +
+      throw io_error("result '" + f.string() + "' belongs to plan '" + bounded_quote(r.plan) + "', not to '" + plan_.name +
                      "' (the plan of this folder); move it to that plan's results folder");
     const auto it = by_id.find(r.id);
     if (it == by_id.end()) {
@@ -497,7 +586,7 @@ Store::Store(const Plan& plan, std::string dir) : plan_(plan), dir_(std::move(di
       continue;
     }
     if (it->second->identity != r.identity)
-      throw io_error("result '" + f.string() + "' has id " + r.id + " but its configuration differs from the plan's run "
+      throw io_error("result '" + f.string() + "' has id " + bounded_quote(r.id) + " but its configuration differs from the plan's run "
                      "with that id (" + it->second->title() + "); the file was edited or comes from elsewhere");
     if (results_.count(r.id))
       throw io_error("results '" + results_.at(r.id).file + "' and '" + f.string() + "' are the same run (id " + r.id +
@@ -511,6 +600,9 @@ void Store::save(const RunResult& r) {
   for (const RunSpec& s : plan_.runs)
     if (s.id == r.id) spec = &s;
   require(spec != nullptr, "study: saving a result whose id ", r.id, " is not a run of plan '", plan_.name, "'");
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec || !fs::is_directory(dir_)) throw io_error("cannot create the results folder '" + dir_ + "': " + ec.message());
   const std::string path = (fs::path(dir_) / spec->file_name()).string();
   const std::string text = to_json(r);
   io::write_file_atomically(path, reinterpret_cast<const unsigned char*>(text.data()), text.size());

@@ -79,7 +79,7 @@ struct Plan {
   std::string name;         ///< "claims-cpu": names the results folder; stored in every result
   std::string path;         ///< the plan file
   std::string description;  ///< one paragraph, for the report
-  std::string notes_file;   ///< optional markdown included by the report (relative to the plan file)
+  std::string notes_file;   ///< optional markdown included by the report: a file name beside the plan
   std::string cpu_time;     ///< the plan's own statement of its total CPU time (quoted by the report)
   int threads = 0;          ///< default --threads of `run` (0: automatic)
   std::map<std::string, std::string> defaults;  ///< flag values for every run
@@ -87,6 +87,7 @@ struct Plan {
   std::vector<RunSpec> runs;  ///< unique configurations, in plan order (groups, then seeds, then variants)
   std::vector<Claim> claims;
   std::map<std::string, std::size_t> arms;  ///< "group/variant#seed" -> index in runs
+  std::map<std::string, std::size_t> group_index;  ///< group name -> index in groups
 
   /// The run of group/variant with this seed, or nullptr.
   const RunSpec* find(const ArmRef& arm, std::uint64_t seed) const;

@@ -35,41 +35,54 @@ namespace {
 
 /// "i/n" with 1 <= i <= n.
 std::pair<int, int> parse_shard(const std::string& text) {
-  int i = 0, n = 0;
-  char extra = 0;
-  if (std::sscanf(text.c_str(), "%d/%d%c", &i, &n, &extra) != 2 || n < 1 || i < 1 || i > n)
-    throw coupledqk::invalid_argument("--shard '" + text + "'; expected i/n with 1 <= i <= n (e.g. 1/2 and 2/2)");
-  return {i, n};
+  const auto slash = text.find('/');
+  const std::string a = text.substr(0, slash), b = slash == std::string::npos ? "" : text.substr(slash + 1);
+  const std::uint64_t top = 1000000;
+  if (slash == std::string::npos || !ct::unsigned_error(a, top).empty() || !ct::unsigned_error(b, top).empty() ||
+      std::stoull(b) < 1 || std::stoull(a) < 1 || std::stoull(a) > std::stoull(b))
+    throw coupledqk::invalid_argument("--shard '" + ct::bounded_quote(text) +
+                                      "'; expected i/n with 1 <= i <= n <= 1000000 (e.g. 1/2 and 2/2)");
+  return {static_cast<int>(std::stoull(a)), static_cast<int>(std::stoull(b))};
 }
 
-/// Seconds per training token of finished runs with the same model shape (else all), for estimates.
-double seconds_per_token(const cs::Plan& plan, const cs::Store& store, const cs::RunSpec& run) {
-  double same = 0, same_tokens = 0, all = 0, all_tokens = 0;
-  for (const auto& [id, r] : store.results()) {
-    const cs::RunSpec* spec = nullptr;
-    for (const cs::RunSpec& s : plan.runs)
-      if (s.id == id) spec = &s;
-    if (!spec || r.tokens <= 0) continue;
-    all += r.train_seconds;
-    all_tokens += static_cast<double>(r.tokens);
-    const auto& a = spec->options;
-    const auto& b = run.options;
-    if (a.dim == b.dim && a.layers == b.layers && a.seq == b.seq && a.vocab == b.vocab && a.heads == b.heads &&
-        a.device == b.device) {
-      same += r.train_seconds;
-      same_tokens += static_cast<double>(r.tokens);
+/// Seconds per training token of the finished runs with the same model shape (else of all), for
+/// estimates; computed once per store state, so that estimating every run is linear in the plan.
+class Speeds {
+ public:
+  Speeds(const cs::Plan& plan, const cs::Store& store) {
+    std::map<std::string, const cs::RunSpec*> by_id;
+    for (const cs::RunSpec& s : plan.runs) by_id[s.id] = &s;
+    for (const auto& [id, r] : store.results()) {
+      const auto it = by_id.find(id);
+      if (it == by_id.end() || r.tokens <= 0) continue;
+      all_ += r.train_seconds;
+      all_tokens_ += static_cast<double>(r.tokens);
+      auto& shape = by_shape_[shape_of(*it->second)];
+      shape.first += r.train_seconds;
+      shape.second += static_cast<double>(r.tokens);
     }
   }
-  if (same_tokens > 0) return same / same_tokens;
-  if (all_tokens > 0) return all / all_tokens;
-  return 0;
-}
+  double per_token(const cs::RunSpec& run) const {
+    const auto it = by_shape_.find(shape_of(run));
+    if (it != by_shape_.end() && it->second.second > 0) return it->second.first / it->second.second;
+    return all_tokens_ > 0 ? all_ / all_tokens_ : 0;
+  }
+  /// Seconds a run would take (0: unknown).
+  double estimate(const cs::RunSpec& run) const {
+    // steps > 1 integrate N sub-steps: a rough factor (measured runs of the same shape dominate anyway)
+    return per_token(run) * static_cast<double>(ct::effective_budget_tokens(run.options)) *
+           (1.0 + 0.1 * (run.variant.steps - 1));
+  }
 
-double estimate_seconds(const cs::Plan& plan, const cs::Store& store, const cs::RunSpec& run) {
-  // steps > 1 integrate N sub-steps: a rough factor (measured runs of the same shape dominate anyway)
-  return seconds_per_token(plan, store, run) * static_cast<double>(ct::effective_budget_tokens(run.options)) *
-         (1.0 + 0.1 * (run.variant.steps - 1));
-}
+ private:
+  static std::string shape_of(const cs::RunSpec& s) {
+    const auto& o = s.options;
+    return std::to_string(o.dim) + "," + std::to_string(o.layers) + "," + std::to_string(o.seq) + "," +
+           std::to_string(o.vocab) + "," + std::to_string(o.heads) + "," + o.device;
+  }
+  std::map<std::string, std::pair<double, double>> by_shape_;
+  double all_ = 0, all_tokens_ = 0;
+};
 
 std::string duration(double s) { return s > 0 ? ct::format_duration(s) : std::string("unknown"); }
 
@@ -105,6 +118,7 @@ int status(const Common& c) {
             << " runs finished, results in " << store.dir() << "\n";
   double left = 0;
   bool unknown = false;
+  const Speeds speeds(plan, store);
   for (const cs::Group& g : plan.groups) {
     int done = 0, total = 0;
     for (std::uint64_t s : g.seeds)
@@ -117,7 +131,7 @@ int status(const Common& c) {
   }
   for (const cs::RunSpec& r : plan.runs)
     if (!store.done(r)) {
-      const double e = estimate_seconds(plan, store, r);
+      const double e = speeds.estimate(r);
       left += e;
       unknown |= e <= 0;
     }
@@ -163,6 +177,7 @@ struct RunFlags {
   int max_runs = 0;
   std::string shard = "1/1";
   int threads = -1;
+  bool threads_given = false;  ///< --threads was on the command line (else: the plan's)
   std::string work;
   std::string progress = "lines";
   bool rerun_other_versions = false;
@@ -261,12 +276,27 @@ int run(const Common& c, const RunFlags& f) {
   auto minutes = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count() / 60;
   };
+  // Every flag is checked before anything is read or created.
+  const auto shard = parse_shard(f.shard);
+  if (!(std::isfinite(f.max_minutes) && f.max_minutes >= 0))
+    throw coupledqk::invalid_argument("--max-minutes must be a finite number >= 0 (0: no limit); got " +
+                                      std::to_string(f.max_minutes));
+  if (f.max_runs < 0)
+    throw coupledqk::invalid_argument("--max-runs must be >= 0 (0: no limit); got " + std::to_string(f.max_runs));
+  if (f.checkpoint_every < 1)
+    throw coupledqk::invalid_argument("--checkpoint-every must be >= 1; got " + std::to_string(f.checkpoint_every));
+  if (f.stop_run_after_steps < 0)
+    throw coupledqk::invalid_argument("--stop-run-after-steps must be >= 0; got " + std::to_string(f.stop_run_after_steps));
+  if (f.threads_given && !ct::threads_error(f.threads).empty())
+    throw coupledqk::invalid_argument(ct::threads_error(f.threads));
+  ct::parse_progress_mode(f.progress);
+  if (!f.work.empty()) {
+    std::error_code ec;
+    if (fs::exists(f.work, ec) && !fs::is_directory(f.work, ec))
+      throw coupledqk::invalid_argument("--work '" + f.work + "' exists and is not a folder");
+  }
   const cs::Plan plan = load(c);
   cs::Store store(plan, results_dir(c, plan));
-  const auto shard = parse_shard(f.shard);
-  if (f.max_minutes < 0) throw coupledqk::invalid_argument("--max-minutes must be >= 0 (0: no limit)");
-  if (f.max_runs < 0) throw coupledqk::invalid_argument("--max-runs must be >= 0 (0: no limit)");
-  if (f.checkpoint_every < 1) throw coupledqk::invalid_argument("--checkpoint-every must be >= 1");
   const std::vector<const cs::RunSpec*> mine = shard_runs(plan, shard);
   std::vector<const cs::RunSpec*> todo;
   std::map<std::string, int> other_versions;
@@ -303,16 +333,17 @@ int run(const Common& c, const RunFlags& f) {
   std::error_code ec;
   fs::create_directories(work, ec);
   if (ec) throw coupledqk::io_error("cannot create the work folder '" + work.string() + "': " + ec.message());
-  const int threads = ct::set_threads(f.threads >= 0 ? f.threads : plan.threads);
+  const int threads = ct::set_threads(f.threads_given ? f.threads : plan.threads);
   ct::install_interrupt_handler();
   std::map<std::string, std::unique_ptr<ct::TrainData>> data_cache;
   int ran = 0;
   for (const cs::RunSpec* r : todo) {
     double left = 0;
     bool unknown = false;
+    const Speeds speeds(plan, store);
     for (const cs::RunSpec* x : todo)
       if (!store.done(*x) || x == r) {
-        const double e = estimate_seconds(plan, store, *x);
+        const double e = speeds.estimate(*x);
         left += e;
         unknown |= e <= 0;
       }
@@ -321,7 +352,7 @@ int run(const Common& c, const RunFlags& f) {
                 << " runs left (run the command again to continue)" << std::endl;
       return 0;
     }
-    const double estimate = estimate_seconds(plan, store, *r);
+    const double estimate = speeds.estimate(*r);
     if (f.max_minutes > 0 && (minutes() >= f.max_minutes || minutes() + estimate / 60 > f.max_minutes)) {
       std::cout << "stopping: --max-minutes " << f.max_minutes << " (" << std::fixed << std::setprecision(1)
                 << minutes() << " min used; the next run needs about " << duration(estimate) << "); " << total - done
@@ -399,6 +430,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  rf.threads_given = run_cmd->count("--threads") > 0;
   try {
     if (*run_cmd) return run(common, rf);
     if (*status_cmd) return status(common);

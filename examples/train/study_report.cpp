@@ -10,8 +10,11 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
+#include "gnuplot.hpp"
 #include "study.hpp"
 
 namespace coupledqk::train::study {
@@ -82,9 +85,17 @@ Band band(const std::vector<const RunResult*>& runs) {
 
 bool have_gnuplot() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
 
-bool run_gnuplot(const fs::path& script) {
-  const std::string cmd = "gnuplot " + shell_quote(script.string()) + " 2>&1";
-  return std::system(cmd.c_str()) == 0;
+bool run_gnuplot(const fs::path& script) { return train::run_gnuplot(script.string()); }
+
+/// A plot folder of an earlier report: only regular .tsv, .gp and .png files (what write_report
+/// writes), so that replacing it loses nothing else.
+bool is_plot_folder(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string ext = e.path().extension().string();
+    if (!e.is_regular_file() || (ext != ".tsv" && ext != ".gp" && ext != ".png")) return false;
+  }
+  return !ec;
 }
 
 const char* const colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
@@ -95,10 +106,47 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
   const auto& results = store.results();
   const std::vector<ClaimResult> claims = evaluate(plan, results);
   const fs::path out(o.out);
-  const fs::path stem = out.parent_path() / out.stem();  // docs/reproduction -> plots in docs/reproduction/
+  const fs::path final_stem = out.parent_path() / out.stem();  // docs/reproduction -> plots in docs/reproduction/
+  const fs::path final_json = out.parent_path() / (out.stem().string() + ".json");
   std::error_code ec;
-  fs::create_directories(stem, ec);
-  if (ec) throw io_error("cannot create the plot folder '" + stem.string() + "': " + ec.message());
+  // Every input is checked before anything is written: the targets, the notes file.
+  if (out.filename().empty() || out.stem().empty() || out.stem().string()[0] == '.')
+    throw invalid_argument("--out '" + o.out + "' must name a file (e.g. docs/reproduction.md)");
+  if (fs::exists(out, ec) && !fs::is_regular_file(out, ec))
+    throw invalid_argument("--out '" + o.out + "' exists and is not a file");
+  if (fs::exists(final_json, ec) && !fs::is_regular_file(final_json, ec))
+    throw invalid_argument("the report's numbers go to '" + final_json.string() + "', which exists and is not a file");
+  if (fs::exists(final_stem, ec) && (!fs::is_directory(final_stem, ec) || !is_plot_folder(final_stem)))
+    throw invalid_argument("the report's plots go to '" + final_stem.string() + "', which exists and holds other "
+                           "things than an earlier report's plots (.tsv, .gp, .png); choose another --out");
+  std::string notes_text;
+  if (!plan.notes_file.empty()) {
+    const fs::path notes = fs::path(plan.path).parent_path() / plan.notes_file;
+    std::ifstream in(notes);
+    if (!in) throw io_error("plan '" + plan.path + "' names notes file '" + notes.string() + "', which cannot be read");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    notes_text = ss.str();
+  }
+  // Everything is written into a temporary folder beside the report and moved into place at the
+  // end; on any error the temporary folder (and any folder created for it) is removed, so a failed
+  // report leaves the targets as they were.
+  fs::path created;  // the first folder of out's parent that did not exist
+  for (fs::path p = fs::absolute(out, ec).parent_path(); !p.empty() && !fs::exists(p, ec); p = p.parent_path())
+    created = p;
+  const fs::path tmp = out.parent_path() / ("." + out.stem().string() + ".report-" + std::to_string(::getpid()));
+  fs::create_directories(tmp / out.stem(), ec);
+  if (ec) throw io_error("cannot create the folder '" + (tmp / out.stem()).string() + "': " + ec.message());
+  struct Cleanup {
+    fs::path tmp, created;
+    bool done = false;
+    ~Cleanup() {
+      std::error_code e;
+      fs::remove_all(tmp, e);
+      if (!done && !created.empty()) fs::remove_all(created, e);
+    }
+  } cleanup{tmp, created};
+  const fs::path stem = tmp / out.stem();
   const std::string plots_rel = out.stem().string();  // links relative to the markdown
   std::vector<std::string> written;
   const bool gnuplot = have_gnuplot();
@@ -133,21 +181,22 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     }
     written.push_back(tsv.string());
     std::ofstream g(gp);
-    g << "set terminal pngcairo size 900,560 font 'sans,10'\nset output '" << png.string() << "'\n"
-      << "set title \"Claim " << c.id << ": validation perplexity (mean; band: min-max over seeds)\"\n"
+    g << "set terminal pngcairo size 900,560 font 'sans,10'\nset output '" << png.filename().string() << "'\n"
+      << "set title " << gnuplot_string("Claim " + c.id + ": validation perplexity (mean; band: min-max over seeds)")
+      << "\n"
       << "set xlabel 'training tokens'\nset ylabel 'validation perplexity (log scale)'\nset logscale y\nset grid\n"
       << "set key top right\nset format x '%.1s%c'\nset style fill transparent solid 0.18 noborder\n";
     if (c.test == ClaimTest::tokens_to_target && cr.a_ppl > 0)
       g << "set arrow from graph 0, first " << cr.a_ppl << " to graph 1, first " << cr.a_ppl
-        << " nohead dt 2 lc rgb '#555555'\nset label \"" << c.a.text() << " final\" at graph 0.02, first "
+        << " nohead dt 2 lc rgb '#555555'\nset label " << gnuplot_string(c.a.text() + " final") << " at graph 0.02, first "
         << cr.a_ppl * 1.02 << "\n";
     g << "plot ";
     for (int i = 0; i < blocks; ++i) {
       const char* col = colours[i % 6];
-      g << (i ? ", \\\n     " : "") << "'" << tsv.string() << "' index " << i
-        << " using 1:3:4 with filledcurves lc rgb '" << col << "' notitle, \\\n     '" << tsv.string() << "' index " << i
-        << " using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '" << col << "' title '" << titles[static_cast<std::size_t>(i)]
-        << "'";
+      g << (i ? ", \\\n     " : "") << "'" << tsv.filename().string() << "' index " << i
+        << " using 1:3:4 with filledcurves lc rgb '" << col << "' notitle, \\\n     '" << tsv.filename().string()
+        << "' index " << i << " using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '" << col << "' title "
+        << gnuplot_string(titles[static_cast<std::size_t>(i)]);
     }
     g << "\n";
     g.close();
@@ -176,7 +225,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       const ClaimTest t = cr.claim->test;
       if (t != ClaimTest::better && t != ClaimTest::worse && t != ClaimTest::equivalent) continue;
       ++x;
-      tics += (tics.empty() ? "" : ", ") + std::string("\"") + cr.claim->id + "\" " + std::to_string(x);
+      tics += (tics.empty() ? "" : ", ") + gnuplot_string(cr.claim->id) + " " + std::to_string(x);
       for (std::size_t i = 0; i < cr.values.size(); ++i)
         data << x << "\t" << cr.claim->id << "\t" << cr.seeds[i] << "\t" << cr.values[i] << "\n";
       if (cr.estimate.n >= 1)
@@ -187,13 +236,13 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     if (x) {
       written.push_back(tsv.string());
       std::ofstream g(gp);
-      g << "set terminal pngcairo size 900,520 font 'sans,10'\nset output '" << png.string() << "'\n"
+      g << "set terminal pngcairo size 900,520 font 'sans,10'\nset output '" << png.filename().string() << "'\n"
         << "set title 'Paired validation-perplexity change per seed (a vs b, %), mean and 95% CI'\n"
         << "set ylabel 'change of a vs b (%), negative: a is better'\nset xlabel 'claim'\nset grid ytics\n"
         << "set xrange [0.5:" << x + 0.5 << "]\nset xtics (" << tics << ")\nset key top left\n"
         << "set arrow from graph 0, first 0 to graph 1, first 0 nohead lc rgb '#000000'\n"
-        << "plot '" << tsv.string() << "' index 0 using ($1-0.12):4 with points pt 7 ps 0.8 lc rgb '#1f77b4' title 'seed', \\\n"
-        << "     '" << tsv.string() << "' index 1 using ($1+0.12):2:3:4 with yerrorbars pt 5 ps 1 lw 2 lc rgb '#d62728' "
+        << "plot '" << tsv.filename().string() << "' index 0 using ($1-0.12):4 with points pt 7 ps 0.8 lc rgb '#1f77b4' title 'seed', \\\n"
+        << "     '" << tsv.filename().string() << "' index 1 using ($1+0.12):2:3:4 with yerrorbars pt 5 ps 1 lw 2 lc rgb '#d62728' "
         << "title 'mean, 95% CI'\n";
       g.close();
       written.push_back(gp.string());
@@ -237,10 +286,11 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       }
       written.push_back(tsv.string());
       std::ofstream gs(gp);
-      gs << "set terminal pngcairo size 700,480 font 'sans,10'\nset output '" << png.string() << "'\n"
-         << "set title \"" << g.name << "/" << name << ": final validation perplexity vs integration steps (mean, 95% CI)\"\n"
+      gs << "set terminal pngcairo size 700,480 font 'sans,10'\nset output '" << png.filename().string() << "'\n"
+         << "set title " << gnuplot_string(g.name + "/" + name + ": final validation perplexity vs integration steps (mean, 95% CI)")
+         << "\n"
          << "set xlabel 'steps N'\nset ylabel 'validation perplexity'\nset grid\nset xrange [0:8]\nset key off\n"
-         << "plot '" << tsv.string() << "' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#1f77b4'\n";
+         << "plot '" << tsv.filename().string() << "' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#1f77b4'\n";
       gs.close();
       written.push_back(gp.string());
       if (gnuplot) {
@@ -281,11 +331,10 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       cs.push_back(c);
     }
     j["claims"] = cs;
-    const fs::path path = out.parent_path() / (out.stem().string() + ".json");
+    const fs::path path = tmp / final_json.filename();
     std::ofstream js(path);
     js << j.dump(1) << "\n";
     if (!js) throw io_error("cannot write '" + path.string() + "'");
-    written.push_back(path.string());
   }
 
   // ---- the markdown
@@ -457,24 +506,36 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     if (pending.size() > 40) md << ", ... (" << pending.size() - 40 << " more)";
     md << ".\n\n";
   }
-  if (!plan.notes_file.empty()) {
-    const fs::path notes = fs::path(plan.path).parent_path() / plan.notes_file;
-    std::ifstream in(notes);
-    if (!in) throw io_error("plan '" + plan.path + "' names notes file '" + notes.string() + "', which cannot be read");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    md << ss.str() << "\n";
-  }
+  if (!plan.notes_file.empty()) md << notes_text << "\n";
   md << "## Reproduce\n\n```sh\n" << o.command << "\n```\n\n"
      << "`run` trains what is missing and can be stopped and repeated (`--max-minutes`, Ctrl-C: an interrupted run "
      << "resumes from its checkpoint); `--shard i/n` splits the runs over machines and `merge` gathers their results. "
      << "Per-run results (curves, diagnostics, code version): `" << store.dir() << "`.\n";
-  if (!gnuplot) md << "\n(gnuplot is not installed: no plots; the data are in " << stem.string() << "/*.tsv)\n";
-  for (const std::string& p : plot_failures) md << "\n(gnuplot failed on " << p << ")\n";
+  if (!gnuplot) md << "\n(gnuplot is not installed: no plots; the data are in " << final_stem.string() << "/*.tsv)\n";
+  for (const std::string& p : plot_failures)
+    md << "\n(gnuplot failed on " << (final_stem / fs::path(p).filename()).string() << ")\n";
+  {
+    std::ofstream mdout(tmp / out.filename());
+    mdout << md.str();
+    if (!mdout) throw io_error("cannot write '" + (tmp / out.filename()).string() + "'");
+  }
 
-  std::ofstream mdout(out);
-  mdout << md.str();
-  if (!mdout) throw io_error("cannot write '" + out.string() + "'");
+  // ---- into place: the plot folder (an earlier one set aside, then removed), the JSON, the markdown
+  const fs::path old_plots = tmp / ".old-plots";
+  const bool had_plots = fs::exists(final_stem, ec);
+  if (had_plots) fs::rename(final_stem, old_plots, ec);
+  if (!ec) fs::rename(stem, final_stem, ec);
+  if (ec) {
+    std::error_code e;
+    if (had_plots && !fs::exists(final_stem, e)) fs::rename(old_plots, final_stem, e);
+    throw io_error("cannot move the plots into '" + final_stem.string() + "': " + ec.message());
+  }
+  fs::rename(tmp / final_json.filename(), final_json, ec);
+  if (!ec) fs::rename(tmp / out.filename(), out, ec);
+  if (ec) throw io_error("cannot write '" + out.string() + "': " + ec.message());
+  cleanup.done = true;
+  for (std::string& w : written) w = (final_stem / fs::path(w).filename()).string();
+  written.insert(written.begin(), final_json.string());
   written.insert(written.begin(), out.string());
   return written;
 }

@@ -346,6 +346,12 @@ MemoryEstimate estimate_memory(const TrainOptions& o) {
   return e;
 }
 
+std::string threads_error(long long threads) {
+  if (threads >= 0 && threads <= max_threads) return "";
+  return "--threads must be in [0, " + std::to_string(max_threads) + "] (0: every idle core); got " +
+         std::to_string(threads);
+}
+
 void validate(const TrainOptions& o) {
   std::vector<std::string> bad;
   auto check = [&](bool ok, const std::string& what) {
@@ -386,8 +392,7 @@ void validate(const TrainOptions& o) {
   check(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
         "--weight-decay must be finite and >= 0; got " + s(o.weight_decay));
   check(std::isfinite(o.clip) && o.clip >= 0, "--clip must be finite and >= 0 (0 disables it); got " + s(o.clip));
-  check(o.threads >= 0 && o.threads <= max_threads,
-        "--threads must be in [0, " + s(max_threads) + "] (0: every idle core); got " + s(o.threads));
+  check(threads_error(o.threads).empty(), threads_error(o.threads));
   check(o.eval_every >= 0, "--eval-every must be >= 0 (0: only at the end); got " + s(o.eval_every));
   check(o.eval_tokens >= 0, "--eval-tokens must be >= 0 (0: the whole split); got " + s(o.eval_tokens));
   check(o.checkpoint_every >= 0, "--checkpoint-every must be >= 0; got " + s(o.checkpoint_every));

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -50,6 +51,9 @@ struct Defaults {
 
 /// The most threads --threads accepts (training and generation).
 inline constexpr int max_threads = 1024;
+/// What is wrong with a --threads value; "" when it is in [0, max_threads]. The one rule of
+/// validate(), coupledqk-study's --threads and a plan's "threads".
+std::string threads_error(long long threads);
 
 struct TrainOptions {
   // ---- data
@@ -234,12 +238,17 @@ void add_flags(App& app, const std::vector<FlagSpec>& specs) {
     std::visit(
         [&](auto* target) {
           using T = std::remove_pointer_t<decltype(target)>;
-          if constexpr (std::is_same_v<T, bool>)
+          if constexpr (std::is_same_v<T, bool>) {
             app.add_flag(f.name, *target, f.help);
-          else if (f.show_default)
-            app.add_option(f.name, *target, f.help)->capture_default_str();
-          else
-            app.add_option(f.name, *target, f.help);
+          } else {
+            auto* opt = app.add_option(f.name, *target, f.help);
+            if (f.show_default) opt->capture_default_str();
+            // CLI11 wraps "-1" and 2^64 into an unsigned field: the one integer rule refuses them.
+            if constexpr (std::is_same_v<T, std::uint64_t>)
+              opt->check([](const std::string& text) {
+                return unsigned_error(text, std::numeric_limits<std::uint64_t>::max());
+              });
+          }
         },
         f.target);
 }

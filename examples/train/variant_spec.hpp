@@ -5,6 +5,7 @@
 #include <string>
 
 #include <coupledqk/core/error.hpp>
+#include <coupledqk/io/safetensors.hpp>  // io::detail::quote: a bounded excerpt of the text
 #include <coupledqk/registry.hpp>
 
 namespace coupledqk::train {
@@ -27,7 +28,8 @@ inline VariantSpec parse_variant_spec(const std::string& text, const std::string
     char* end = nullptr;
     const long n = std::strtol(s.c_str(), &end, 10);
     if (s.empty() || *end != '\0' || n < 1 || n > max_steps)
-      throw invalid_argument(where + ": '" + text + "' has step count '" + s + "'; expected 1.." +
+      throw invalid_argument(where + ": '" + io::detail::quote(text) + "' has step count '" + io::detail::quote(s) +
+                             "'; expected 1.." +
                              std::to_string(max_steps));
     v.steps = static_cast<int>(n);
   }

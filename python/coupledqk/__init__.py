@@ -71,6 +71,28 @@ def _check_float(name, value):
     return float(value)
 
 
+#: Sizes whose parameters would need more bytes than this are refused before anything is allocated
+#: (no machine has 256 TiB; the library's Index arithmetic stays far from overflow).
+_MAX_BYTES = 2**48
+
+
+def _allocate(what, nbytes, make):
+    """make(), or ValueError naming the setting and the bytes it needs when that cannot be allocated
+    (instead of a bare MemoryError: std::bad_alloc or torch's allocator error)."""
+    message = (f"{what}: the parameters need at least {nbytes} bytes ({nbytes / 2**30:.3g} GiB), "
+               f"which cannot be allocated; choose smaller sizes")
+    if nbytes > _MAX_BYTES:
+        raise ValueError(message)
+    try:
+        return make()
+    except MemoryError:
+        raise ValueError(message) from None
+    except RuntimeError as e:
+        if "alloc" in str(e).lower() or "memory" in str(e).lower():
+            raise ValueError(message) from None
+        raise
+
+
 def _check_settings(attention, steps, memory):
     _check_variant(attention)
     steps = _check_int("steps", steps, 1)
@@ -223,11 +245,16 @@ class CoupledAttention(nn.Module):
         seed = _check_int("seed", seed, 0)
         self.dim, self.heads, self.attention, self.steps = dim, heads, attention, steps
         self.hidden, self.layer_index, self.memory = hidden, layer_index, memory
-        self._layer = _C.Layer(attention, steps, dim, heads, hidden, layer_index, _check_float("init_std", init_std),
-                               _check_float("dynamics_init_scale", dynamics_init_scale),
-                               _check_float("init_time", init_time), memory, False)
+        init = (_check_float("init_std", init_std), _check_float("dynamics_init_scale", dynamics_init_scale),
+                _check_float("init_time", init_time))
+        # wq, wk, wv, wo: 4 dim^2 values, and a dynamics width's dim * hidden, built in float64 first
+        what = f"CoupledAttention(dim={dim}, heads={heads}, hidden={hidden})"
+        nbytes = 8 * (4 * dim * dim + dim * hidden)
+        self._layer = _allocate(what, nbytes, lambda: _C.Layer(attention, steps, dim, heads, hidden, layer_index,
+                                                              *init, memory, False))
         self._specs = [(name, tuple(shape)) for name, shape in self._layer.specs()]
-        for (name, _), value in zip(self._specs, self._layer.initial_parameters(seed, dtype)):
+        values = _allocate(what, nbytes, lambda: self._layer.initial_parameters(seed, dtype))
+        for (name, _), value in zip(self._specs, values):
             *path, leaf = name.split(".")
             _container(self, path).register_parameter(leaf, nn.Parameter(value))
 
@@ -277,13 +304,18 @@ class CoupledAttention(nn.Module):
                                f"heads (and optionally m, layer_index); present: {', '.join(meta) or 'none'}")
         if "wq" not in tensors:
             raise KeyError(f"safetensors file {path!r} has no tensor 'wq'; present: {', '.join(tensors)}")
+        wq = tensors["wq"]
+        if wq.dim() != 2 or wq.shape[0] != wq.shape[1] or not wq.is_floating_point():
+            raise ValueError(f"safetensors file {path!r}: tensor 'wq' has shape {list(wq.shape)} and dtype {wq.dtype}; "
+                             f"expected a floating-point matrix [dim, dim]")
 
         def integer(key, default=None):
             value = meta.get(key, default)
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"safetensors file {path!r}: metadata {key!r} is {value!r}; expected an integer")
+            if not isinstance(value, str) or not value.isascii() or not value.isdigit():
+                shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
+                raise ValueError(f"safetensors file {path!r}: metadata {key!r} is {shown!r}; expected a "
+                                 f"non-negative integer")
+            return int(value)
 
         dim = int(tensors["wq"].shape[0])
         dtype = dtype or tensors["wq"].dtype

@@ -64,9 +64,19 @@ class GPT(nn.Module):
     def __init__(self, vocab, dim, layers, heads, context, attention="leapfrog", steps=1, *, init_std=0.02,
                  dtype=torch.float32, **attention_kw):
         super().__init__()
-        self.context = context
-        self.wte = nn.Parameter(torch.randn(vocab, dim, dtype=dtype) * init_std)
-        self.wpe = nn.Parameter(torch.randn(context, dim, dtype=dtype) * init_std)
+        from . import _allocate, _check_int
+        vocab, dim, layers = _check_int("vocab", vocab, 1), _check_int("dim", dim, 1), _check_int("layers", layers, 1)
+        heads, context = _check_int("heads", heads, 1), _check_int("context", context, 1)
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
+        self.vocab, self.context = vocab, context
+        size = torch.empty((), dtype=dtype).element_size()
+        # wte, wpe, and per layer the attention's 4 dim^2 and the MLP's 8 dim^2 weights
+        nbytes = size * ((vocab + context) * dim + layers * 12 * dim * dim)
+        what = f"GPT(vocab={vocab}, dim={dim}, layers={layers}, context={context})"
+        _allocate(what, nbytes, lambda: None)
+        self.wte = nn.Parameter(_allocate(what, nbytes, lambda: torch.randn(vocab, dim, dtype=dtype) * init_std))
+        self.wpe = nn.Parameter(_allocate(what, nbytes, lambda: torch.randn(context, dim, dtype=dtype) * init_std))
         self.h = nn.ModuleList(_Block(dim, heads, l, layers, init_std, dtype, attention=attention, steps=steps,
                                       **attention_kw) for l in range(layers))
         self.ln_f = _LayerNorm(dim, dtype)
@@ -83,6 +93,19 @@ class GPT(nn.Module):
         if tokens.dim() != 2 or not 0 < tokens.shape[1] <= self.context:
             raise ValueError(f"tokens have shape {list(tokens.shape)}; expected [B, T] with 0 < T <= context = "
                              f"{self.context}")
+        if tokens.shape[0] == 0:
+            raise ValueError(f"tokens have shape {list(tokens.shape)}; expected [B, T] with B > 0")
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= self.vocab:
+            raise ValueError(f"token ids must be in [0, vocab = {self.vocab}); got ids from {low} to {high}")
+        if targets is not None:
+            if not isinstance(targets, torch.Tensor) or targets.dtype != torch.int64 or targets.shape != tokens.shape:
+                raise ValueError(f"targets must be an int64 tensor of the tokens' shape {list(tokens.shape)}; got "
+                                 f"{getattr(targets, 'dtype', type(targets))} {list(getattr(targets, 'shape', []))}")
+            valid = targets[targets != -100]  # torch's ignore_index
+            if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= self.vocab):
+                raise ValueError(f"target ids must be in [0, vocab = {self.vocab}) (or -100: ignored); got ids from "
+                                 f"{int(valid.min())} to {int(valid.max())}")
         x = self.wte[tokens] + self.wpe[: tokens.shape[1]]
         for block in self.h:
             x = block(x)

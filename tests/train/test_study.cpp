@@ -312,3 +312,371 @@ TEST_CASE("coupledqk-study: bad plans and foreign results give clear errors and 
   CHECK(contains(r.err, "started as 2 processes by an MPI launcher"));
   CHECK(contains(r.err, "--shard i/n"));
 }
+
+// ---- hostile plans, results and flags (issue 23): no crash, no command, no silent default, nothing
+// left behind. Each case asserts the exit status, the message and that the folder is unchanged.
+namespace {
+
+/// Every file and folder under `dir` with its content: what "nothing on disk changed" compares.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string rel = fs::relative(e.path(), dir).string();
+    out[rel] = e.is_regular_file() ? read_file(e.path()) : std::string("<dir>");
+  }
+  return out;
+}
+
+/// Any file named `name` below `dir`.
+bool exists_below(const fs::path& dir, const std::string& name) {
+  if (!fs::exists(dir)) return false;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.path().filename() == name) return true;
+  return false;
+}
+
+Ran run_compare(const TempDir& dir, const std::string& args) {
+  const std::string out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const std::string cmd = " COUPLEDQK_CACHE='" + tiny_data().cache + "' '" + std::string(COUPLEDQK_COMPARE_BIN) + "' " +
+                          args + " > '" + out + "' 2> '" + err + "'";
+  const int raw = std::system(cmd.c_str());
+  Ran r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+/// Fake results for every run of a plan (no training): enough for the report's tables and plots.
+void fake_results(const cs::Plan& p, const std::string& dir) {
+  for (const cs::RunSpec& s : p.runs) {
+    cs::RunResult r;
+    r.plan = p.name;
+    r.id = s.id;
+    r.identity = s.identity;
+    r.group = s.group;
+    r.variant = s.variant.label;
+    r.seed = s.seed;
+    r.code_version = cs::code_version();
+    const double base = (s.variant.attention == "standard" ? 50.0 : 48.0) + static_cast<double>(s.seed);
+    r.valid_ppl = r.test_ppl = base;
+    r.valid_loss = r.test_loss = std::log(base);
+    r.tokens = 2048;
+    r.steps = 16;
+    r.parameters = 1000;
+    r.threads = 1;
+    r.device = "cpu";
+    r.machine = "test";
+    r.date = "2026-01-01";
+    for (int i = 1; i <= 4; ++i)
+      r.curve.push_back(coupledqk::train::CurvePoint{4 * i, 512 * i, std::log(base * (5 - i)), base * (5 - i)});
+    write_file(fs::path(dir) / s.file_name(), cs::to_json(r));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("coupledqk-study: hostile plans are refused with bounded messages, linearly, changing nothing") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const fs::path world = dir.path / "w";
+  fs::create_directories(world);
+  const std::string plan = (world / "plan.json").string();
+  auto check_plan = [&](const std::string& text, const std::vector<std::string>& messages) {
+    write_file(plan, text);
+    const auto before = snapshot(world);
+    const Ran r = run_study(dir, "status '" + plan + "'");  // default results folder: beside the plan
+    INFO(r.err.substr(0, 2000));
+    CHECK(r.status == 1);
+    for (const std::string& m : messages) CHECK(contains(r.err, m));
+    CHECK(r.err.size() < 4000);  // a bounded excerpt, never the value serialised whole
+    CHECK(snapshot(world) == before);
+    return r;
+  };
+  const json valid = json::parse(tiny_plan("t", d.corpus));
+  auto with = [&](const std::function<void(json&)>& edit) {
+    json j = valid;
+    edit(j);
+    return j.dump();
+  };
+  // deep nesting where a string or a number is expected: refused while reading (no stack overflow)
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  check_plan("{\"plan\": " + deep + ", \"groups\": []}",
+             {"nests JSON arrays or objects more than 8 levels deep (at plan[0][0]", "at most 8 are accepted"});
+  std::string deep_dim = tiny_plan("t", d.corpus);
+  deep_dim.replace(deep_dim.find("\"dim\": 32"), 9, "\"dim\": " + deep);
+  check_plan(deep_dim, {"more than 8 levels deep (at defaults.dim[0][0]"});
+  check_plan(with([&](json& j) { j["defaults"]["dim"] = json::array({json::array({json::array({1})})}); }),
+             {"defaults.dim: expected a number or a string; got [[[1]]]"});
+  // a huge value where a string is expected: quoted by a bounded excerpt
+  check_plan(with([&](json& j) { j["plan"] = json::array({std::string(1 << 20, 'x')}); }),
+             {"\"plan\" = [\"xxxx", "bytes in all)", "must be a string"});
+  check_plan(with([&](json& j) { j["defaults"]["corpus"] = std::string(100000, 'c'); }),
+             {"unknown corpus 'cccc", "(100000 bytes in all)"});
+  // duplicate keys, at the top and inside a group
+  check_plan("{\"plan\": \"t\", \"plan\": \"u\", \"groups\": []}", {"has the key 'plan' twice (in the top level)"});
+  std::string dup = tiny_plan("t", d.corpus);
+  dup.replace(dup.find("\"dim\": 32"), 9, "\"dim\": 32, \"dim\": 64");
+  check_plan(dup, {"has the key 'dim' twice (in defaults)"});
+  // names are names: never a path, "." or ".."
+  for (const std::string name : {"..", ".", "../x", "a/b", ".hidden", ""})
+    check_plan(with([&](json& j) { j["plan"] = name; }), {"\"plan\" = \"" + name + "\""});
+  check_plan(with([&](json& j) { j["plan"] = ".."; }), {"must not start with '.' (it is a name, not a path)"});
+  check_plan(with([&](json& j) { j["plan"] = std::string(65, 'p'); }), {"at most 64 are accepted"});
+  check_plan(with([&](json& j) { j["groups"][0]["name"] = ".."; }), {"groups[0]: \"name\" = \"..\" must not start with '.'"});
+  check_plan(with([&](json& j) { j["notes"] = "../../secret.md"; }), {"\"notes\" = \"../../secret.md\" must use letters"});
+  check_plan(with([&](json& j) { j["claims"][0]["id"] = "1 x"; }), {"claims[0]: \"id\" = \"1 x\" must use letters"});
+  // values the CLI refuses are refused in a plan, with the CLI's words
+  const Ran tokens0 = check_plan(with([&](json& j) { j["defaults"]["tokens"] = 0; }),
+                                 {"--tokens must be a positive number of tokens; got 0"});
+  check_plan(with([&](json& j) { j["defaults"]["min-lr"] = -0.5; }), {"--min-lr must be finite and >= 0; got -0.5"});
+  check_plan(with([&](json& j) { j["defaults"]["warmup"] = "-5"; }), {"'--warmup' = '-5' is not a non-negative integer"});
+  check_plan(with([&](json& j) { j["defaults"]["dim"] = -1; }), {"'--dim' = '-1' is not a non-negative integer"});
+  check_plan(with([&](json& j) { j["defaults"]["dim"] = "99999999999999999999"; }),
+             {"'--dim' = '99999999999999999999' is out of range; expected an integer in [0, "});
+  check_plan(with([&](json& j) { j["threads"] = -5; }), {"\"threads\" must be an integer in [0, 1024] (0: every idle core); got -5"});
+  check_plan(with([&](json& j) { j["threads"] = "4"; }), {"\"threads\" must be an integer in [0, 1024]", "got \"4\""});
+  check_plan(with([&](json& j) { j["groups"][0]["seeds"] = json::parse("[1, 18446744073709551616]"); }),
+             {"every seed must be a non-negative integer; got 1.8446744073709552e+19"});
+  check_plan(with([&](json& j) { j["groups"][0]["seeds"] = json::array({1, -1}); }),
+             {"every seed must be a non-negative integer; got -1"});
+  check_plan(with([&](json& j) { j["claims"][1]["margin"] = -1; }), {"\"margin\" must be a positive number"});
+  {  // the same words as the CLI
+    const Ran cli = run_compare(dir, "--corpus '" + d.corpus + "' --tokens 0 --out '" + (world / "cmp").string() + "'");
+    CHECK(cli.status != 0);
+    CHECK(contains(cli.err, "--tokens must be a positive number of tokens; got 0"));
+    CHECK(contains(tokens0.err, "--tokens must be a positive number of tokens; got 0"));
+    CHECK(!fs::exists(world / "cmp"));
+  }
+  // size limit, before parsing
+  check_plan("{\"plan\": \"t\", \"description\": \"" + std::string(5u << 20, 'd') + "\", \"groups\": []}",
+             {"is 5242926 bytes long; at most 4194304 bytes are accepted"});
+  // too many runs for one plan, before any is resolved
+  {
+    json j = valid;
+    j["groups"][0]["seeds"] = json::array();
+    for (int s = 0; s < 30000; ++s) j["groups"][0]["seeds"].push_back(s);
+    check_plan(j.dump(), {"its groups list 60000 runs (seeds x variants); at most 20000 are accepted"});
+  }
+  // many groups: checked in time linear in the plan's size (a duplicated name at the end)
+  {
+    json j = valid;
+    j["claims"] = json::array();
+    j["groups"] = json::array();
+    for (int g = 0; g < 4000; ++g)
+      j["groups"].push_back({{"name", "g" + std::to_string(g)}, {"variants", {"standard"}}, {"seeds", {1}}});
+    j["groups"].push_back({{"name", "g0"}, {"variants", {"standard"}}, {"seeds", {1}}});
+    const double t0 = coupledqk::train::now_seconds();
+    check_plan(j.dump(), {"groups[4000]: group name 'g0' is used twice"});
+    CHECK(coupledqk::train::now_seconds() - t0 < 30);
+  }
+}
+
+TEST_CASE("coupledqk-study: a plan cannot run a command through any of its strings") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const fs::path world = dir.path / "w";
+  fs::create_directories(world);
+  const std::string pwned = (world / "PWNED").string();
+  // Every way a string could become a command: shell substitution, gnuplot's backquotes and
+  // system(), a quote that ends a gnuplot string, a new line that starts a gnuplot command.
+  const std::string payload = "x'; system('touch " + pwned + "'); print '`touch " + pwned + "`$(touch " + pwned +
+                              ")\"\n!touch " + pwned + "\nsystem \"touch PWNED\"\n`touch PWNED`";
+  const std::string plan = (world / "plan.json").string();
+  const json valid = json::parse(tiny_plan("t", d.corpus, "\"standard\", \"leapfrog\", \"leapfrog:2\""));
+
+  // 1. free text (description, cpu_time, claim titles and paper figures): data in the report
+  {
+    json j = valid;
+    j["description"] = payload;
+    j["cpu_time"] = payload;
+    for (json& c : j["claims"]) {
+      c["title"] = payload;
+      c["paper"] = payload;
+    }
+    write_file(plan, j.dump());
+    const cs::Plan p = cs::load_plan(plan);
+    const std::string results = (world / "results" / "t").string();
+    fake_results(p, results);
+    const Ran r = run_study(dir, "report '" + plan + "' --out '" + (world / "report.md").string() + "'");
+    INFO(r.out, r.err);
+    REQUIRE(r.status == 0);
+    CHECK(fs::exists(world / "report" / "paired.gp"));
+    CHECK(contains(read_file(world / "report.md"), "system('touch"));  // quoted as text, not run
+    CHECK(!exists_below(dir.path, "PWNED"));
+    CHECK(!exists_below(fs::current_path(), "PWNED"));
+    CHECK(!fs::exists(world / "report" / ".old-plots"));
+  }
+  // 2. every string that names something: refused before anything runs or is written
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> fields{
+      {"plan", [&](json& j) { j["plan"] = payload; }},
+      {"notes", [&](json& j) { j["notes"] = payload; }},
+      {"defaults.corpus", [&](json& j) { j["defaults"]["corpus"] = payload; }},
+      {"defaults.device", [&](json& j) { j["defaults"]["device"] = payload; }},
+      {"defaults.precision", [&](json& j) { j["defaults"]["precision"] = payload; }},
+      {"group name", [&](json& j) { j["groups"][0]["name"] = payload; }},
+      {"variant", [&](json& j) { j["groups"][0]["variants"][0] = payload; }},
+      {"claim id", [&](json& j) { j["claims"][0]["id"] = payload; }},
+      {"claim test", [&](json& j) { j["claims"][0]["test"] = payload; }},
+      {"claim a", [&](json& j) { j["claims"][0]["a"] = "g/" + payload; }},
+      {"claim b", [&](json& j) { j["claims"][0]["b"] = payload + "/standard"; }},
+      {"flag name", [&](json& j) { j["groups"][0]["set"] = {{payload, 1}}; }},
+  };
+  for (const auto& [field, edit] : fields) {
+    INFO(field);
+    json j = valid;
+    edit(j);
+    write_file(plan, j.dump());
+    const auto before = snapshot(world);
+    for (const std::string cmd : {"report --out '" + (world / "r2.md").string() + "'", std::string("status"),
+                                  std::string("run --progress off")}) {
+      const Ran r = run_study(dir, cmd + " '" + plan + "'");
+      INFO(cmd, r.err.substr(0, 2000));
+      CHECK(r.status != 0);
+      CHECK(r.err.size() < 4000);
+    }
+    CHECK(snapshot(world) == before);
+    CHECK(!exists_below(dir.path, "PWNED"));
+  }
+}
+
+TEST_CASE("coupledqk-study: refused flags and failed reports leave everything as it was") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const fs::path world = dir.path / "w";
+  fs::create_directories(world);
+  const std::string plan = (world / "plan.json").string();
+  write_file(plan, tiny_plan("t", d.corpus));
+  const std::string work = (world / "work").string();
+  const std::vector<std::pair<std::string, std::string>> refused{
+      {"--shard 3/2", "--shard '3/2'; expected i/n with 1 <= i <= n"},
+      {"--shard 0/2", "--shard '0/2'"},
+      {"--shard 1/0", "--shard '1/0'"},
+      {"--shard -1/2", "--shard '-1/2'"},
+      {"--shard 1/2x", "--shard '1/2x'"},
+      {"--shard 4294967297/4294967298", "--shard '4294967297/4294967298'"},
+      {"--max-minutes -1", "--max-minutes must be a finite number >= 0"},
+      {"--max-minutes nan", "--max-minutes"},
+      {"--max-runs -1", "--max-runs must be >= 0"},
+      {"--threads -5", "--threads must be in [0, 1024] (0: every idle core); got -5"},
+      {"--threads 5000", "--threads must be in [0, 1024] (0: every idle core); got 5000"},
+      {"--checkpoint-every 0", "--checkpoint-every must be >= 1"},
+      {"--stop-run-after-steps -2", "--stop-run-after-steps must be >= 0"},
+      {"--progress loud", "loud"},
+      {"--work '" + plan + "'", "exists and is not a folder"},
+      {"--device tpu", "--device 'tpu' is not one of: cpu, cuda"},
+  };
+  const auto before = snapshot(world);
+  const auto cache_before = snapshot(fs::path(d.cache) / "study");
+  for (const auto& [flags, message] : refused) {
+    INFO(flags);
+    const Ran r = run_study(dir, "run '" + plan + "' " + flags);  // default results folder
+    INFO(r.err);
+    CHECK(r.status != 0);
+    CHECK(contains(r.err, message));
+    CHECK(snapshot(world) == before);  // no empty results folder
+    CHECK(snapshot(fs::path(d.cache) / "study") == cache_before);  // no work folder
+  }
+
+  // a failed report writes nothing: notes that cannot be read, into a folder that did not exist
+  json j = json::parse(tiny_plan("t", d.corpus));
+  j["notes"] = "missing.md";
+  write_file(plan, j.dump());
+  fake_results(cs::load_plan(plan), (world / "results" / "t").string());
+  auto report = [&](const std::string& out) {
+    const auto snap = snapshot(world);
+    const Ran r = run_study(dir, "report '" + plan + "' --out '" + out + "'");
+    CHECK(r.status == 1);
+    CHECK(snapshot(world) == snap);
+    return r;
+  };
+  Ran r = report((world / "new" / "sub" / "report.md").string());
+  CHECK(contains(r.err, "names notes file"));
+  CHECK(!fs::exists(world / "new"));
+  // plots never go into a folder that holds something else; an earlier report stays as it was
+  write_file(world / "mine" / "keep.txt", "mine");
+  r = report((world / "mine.md").string());
+  CHECK(contains(r.err, "holds other things than an earlier report's plots"));
+  write_file(world / "notes.md", "notes");
+  j["notes"] = "notes.md";
+  write_file(plan, j.dump());
+  Ran ok = run_study(dir, "report '" + plan + "' --out '" + (world / "rep.md").string() + "'");
+  REQUIRE(ok.status == 0);
+  CHECK(contains(read_file(world / "rep.md"), "notes"));
+  fs::remove(world / "notes.md");
+  r = report((world / "rep.md").string());
+  CHECK(contains(r.err, "names notes file"));
+  // a report again replaces the earlier one whole (no stale plots, no temporary folder)
+  write_file(world / "notes.md", "notes");
+  write_file(world / "rep" / "claim-stale.png", "old");
+  ok = run_study(dir, "report '" + plan + "' --out '" + (world / "rep.md").string() + "'");
+  REQUIRE(ok.status == 0);
+  CHECK(!fs::exists(world / "rep" / "claim-stale.png"));
+  CHECK(fs::exists(world / "rep" / "paired.tsv"));
+  for (const auto& e : fs::directory_iterator(world)) CHECK(e.path().filename().string().rfind(".rep", 0) != 0);
+}
+
+TEST_CASE("coupledqk-study: hostile result files are refused naming the file and the key; nothing changes") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const fs::path world = dir.path / "w";
+  const std::string plan = (world / "plan.json").string();
+  write_file(plan, tiny_plan("t", d.corpus));
+  const fs::path results = world / "results" / "t";
+  fake_results(cs::load_plan(plan), results.string());
+  const fs::path victim = fs::directory_iterator(results)->path();
+  const json good = json::parse(read_file(victim));
+  auto check_result = [&](const std::string& text, const std::string& message) {
+    write_file(victim, text);
+    const auto before = snapshot(world);
+    const Ran r = run_study(dir, "report '" + plan + "' --out '" + (world / "rep.md").string() + "'");
+    INFO(r.err.substr(0, 2000));
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, victim.filename().string()));
+    CHECK(contains(r.err, message));
+    CHECK(r.err.size() < 4000);
+    CHECK(snapshot(world) == before);
+  };
+  std::string deep = good.dump();
+  deep.replace(deep.find("\"seed\":"), 7, "\"seed\":" + std::string(100000, '[') + std::string(100000, ']') + ",\"x\":");
+  check_result(deep, "nests JSON arrays or objects more than 8 levels deep (at seed[0][0]");
+  std::string dup = good.dump();
+  dup.replace(dup.find("\"seed\":"), 7, "\"seed\":1,\"seed\":");
+  check_result(dup, "has the key 'seed' twice");
+  auto with = [&](const char* key, const json& v) {
+    json j = good;
+    j[key] = v;
+    return j.dump();
+  };
+  check_result(with("seed", -1), "\"seed\" is -1; expected a non-negative integer");
+  check_result(with("tokens", "many"), "\"tokens\" is \"many\"; expected a non-negative integer");
+  check_result(with("plan", json::array({std::string(100000, 'p')})), "\"plan\" is [\"pppp");
+  check_result(with("curve", json::array({json::array({1, 2, 3})})), "\"curve[0]\" is [1,2,3]; expected a curve point");
+  check_result(with("curve", json::array({json::array({1, -2, 3, 4})})), "\"curve[0][1]\" is -2");
+  check_result(with("dynamics", json::array({{{"tau", {1, "x"}}}})), "\"dynamics[0].tau[1]\" is \"x\"; expected a number");
+  check_result(with("valid_ppl", 0), "non-positive or non-finite perplexity");
+  check_result(good.dump() + std::string(17u << 20, ' '), "bytes long; at most 16777216 bytes are accepted");
+}
+
+TEST_CASE("coupledqk-compare: integer flags refuse negative and overlong values instead of wrapping") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const fs::path world = dir.path / "w";
+  fs::create_directories(world);
+  const std::string out = (world / "cmp").string();
+  for (const auto& [value, message] :
+       std::vector<std::pair<std::string, std::string>>{{"-1", "'-1' is not a non-negative integer"},
+                                                        {"18446744073709551616", "'18446744073709551616' is out of range"},
+                                                        {"99999999999999999999999", "is out of range"},
+                                                        {"1e3", "'1e3' is not a non-negative integer"},
+                                                        {"+5", "'+5' is not a non-negative integer"}}) {
+    INFO(value);
+    const Ran r = run_compare(dir, "--corpus '" + d.corpus + "' --seed " + value + " --out '" + out + "'");
+    CHECK(r.status != 0);
+    CHECK(contains(r.err, "--seed"));
+    CHECK(contains(r.err, message));
+    CHECK(contains(r.err, "expected an integer in [0, 18446744073709551615]"));
+    CHECK(fs::is_empty(world));
+  }
+}

@@ -1,0 +1,145 @@
+// The one way the project reads a JSON document from a file (study plans and results, checkpoint
+// metadata; the safetensors header applies the same rules in its own first pass, safetensors.hpp):
+//
+//     const nlohmann::json j = coupledqk::io::read_json(text, "plan 'p.json'", {4 << 20, 16});
+//
+// Limits, checked before anything is built: at most `max_bytes` of text and `max_depth` levels of
+// nesting (the root is level 1), so that neither the parser nor anything that walks or prints the
+// value (dump, destruction, messages) recurses without bound; a key that appears twice in one object
+// is an error (a DOM would keep one of them silently). Errors name the source, the key path
+// ("groups[2].set.dim") and what is accepted; quoted keys and values are cut to a bounded length
+// (detail::quote, detail::excerpt). Time and memory are linear in the text's size.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../core/error.hpp"
+#include "safetensors.hpp"  // detail::quote, detail::excerpt
+
+namespace coupledqk::io {
+
+struct json_limits {
+  std::size_t max_bytes = 16u << 20;  ///< longest text accepted
+  int max_depth = 16;                 ///< deepest nesting of arrays and objects (root: 1)
+};
+
+namespace detail {
+
+/// SAX pass of read_json(): builds nothing; stops at the first level past the depth limit or the
+/// first duplicated key, and knows the key path of where it stopped.
+struct bounded_json_scan {
+  struct frame {
+    bool object = false;
+    std::unordered_set<std::string> keys;
+    std::string key;        // object: the last key read
+    std::size_t index = 0;  // array: elements started so far
+  };
+  int max_depth = 16;
+  std::vector<frame> frames;
+  bool too_deep = false, duplicate = false;
+  std::string where, duplicate_key, error;
+
+  /// "groups[2].set" -- the path of the value inside the first `n` frames (keys quoted, bounded).
+  std::string path_of(std::size_t n) const {
+    std::string out;
+    for (std::size_t i = 0; i < n && i < frames.size(); ++i) {
+      const frame& f = frames[i];
+      if (f.object)
+        out += (out.empty() ? "" : ".") + quote(f.key);
+      else
+        out += "[" + std::to_string(f.index == 0 ? 0 : f.index - 1) + "]";
+    }
+    return out.empty() ? std::string("the top level") : out;
+  }
+  void element() {
+    if (!frames.empty() && !frames.back().object) ++frames.back().index;
+  }
+  bool value() {
+    element();
+    return true;
+  }
+  bool open(bool object) {
+    element();
+    if (frames.size() >= static_cast<std::size_t>(max_depth)) {
+      too_deep = true;
+      where = path_of(frames.size());
+      return false;
+    }
+    frame f;
+    f.object = object;
+    frames.push_back(std::move(f));
+    return true;
+  }
+  bool close() {
+    if (!frames.empty()) frames.pop_back();
+    return true;
+  }
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(std::int64_t) { return value(); }
+  bool number_unsigned(std::uint64_t) { return value(); }
+  bool number_float(double, const std::string&) { return value(); }
+  bool string(std::string&) { return value(); }
+  bool binary(std::vector<std::uint8_t>&) { return value(); }
+  bool start_object(std::size_t) { return open(true); }
+  bool end_object() { return close(); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_array() { return close(); }
+  bool key(std::string& k) {
+    frame& f = frames.back();
+    if (!f.keys.insert(k).second) {
+      duplicate = true;
+      duplicate_key = k;
+      where = path_of(frames.size() - 1);
+      return false;
+    }
+    f.key = k;
+    return true;
+  }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception& e) {
+    error = e.what();
+    return false;
+  }
+};
+
+}  // namespace detail
+
+/// Parses `text` under `limits`; `what` names the source in messages ("plan 'studies/x.json'").
+/// Throws Error (io_error by default) saying what was wrong, where, and what is accepted. Json:
+/// nlohmann::json or nlohmann::ordered_json.
+template <class Error = io_error, class Json = nlohmann::json>
+Json read_json(const std::string& text, const std::string& what, const json_limits& limits = {}) {
+  using json = Json;
+  if (text.size() > limits.max_bytes)
+    throw Error(what + " is " + std::to_string(text.size()) + " bytes long; at most " +
+                std::to_string(limits.max_bytes) + " bytes are accepted (is it the right file?)");
+  detail::bounded_json_scan scan;
+  scan.max_depth = limits.max_depth;
+  const bool valid = json::sax_parse(text, &scan);
+  if (scan.too_deep)
+    throw Error(what + " nests JSON arrays or objects more than " + std::to_string(limits.max_depth) +
+                " levels deep (at " + scan.where + "); at most " + std::to_string(limits.max_depth) +
+                " are accepted");
+  if (scan.duplicate)
+    throw Error(what + " has the key '" + detail::quote(scan.duplicate_key) + "' twice (in " + scan.where +
+                "); every key may appear only once in an object");
+  if (!valid) throw Error(what + " is not valid JSON (" + detail::quote(scan.error) + ")");
+  try {
+    return json::parse(text);  // valid and bounded: the first pass said so
+  } catch (const typename json::exception& e) {
+    throw Error(what + " is not valid JSON (" + detail::quote(e.what()) + ")");
+  }
+}
+
+/// A value from a file, fit for a message: its compact text, cut to a bounded length. Safe on any
+/// value read_json() returned (its depth is bounded).
+inline std::string json_excerpt(const nlohmann::json& v) { return detail::excerpt(v); }
+
+}  // namespace coupledqk::io
