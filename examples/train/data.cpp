@@ -11,6 +11,8 @@
 #include <iterator>
 #include <new>
 #include <nlohmann/json.hpp>
+
+#include <coupledqk/io/json_read.hpp>
 #include <numeric>
 #include <sstream>
 #include <system_error>
@@ -164,11 +166,9 @@ std::vector<Document> load_brown(const fs::path& root) {
 std::vector<Document> load_moby_dick(const fs::path& root) {
   auto chapter = [&](const std::string& stem) -> nlohmann::json {
     const fs::path path = root / "data" / (stem + ".json");
-    try {
-      return nlohmann::json::parse(check_text(read_file(path), path.string()));
-    } catch (const nlohmann::json::exception& e) {
-      throw io_error(concat("'", path.string(), "' is not valid JSON: ", e.what()));
-    }
+    // the project's bounded JSON reader (io/json_read.hpp): a chapter is a small flat object
+    return io::read_json(check_text(read_file(path), path.string()), "'" + path.string() + "'",
+                         io::json_limits{64u << 20, 8});
   };
   auto field = [](const nlohmann::json& j, const char* key) {
     return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
