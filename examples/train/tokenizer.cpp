@@ -5,6 +5,8 @@
 #include <sentencepiece_trainer.h>
 #include <unistd.h>
 
+#include <coupledqk/io/atomic_file.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -137,29 +139,13 @@ std::string read_bytes(const fs::path& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same folder, then a rename.
+/// Writes `bytes` to `path` durably and atomically (io::write_file_atomically: temporary file,
+/// fsync, rename), creating its folder first.
 void write_atomically(const fs::path& path, const std::string& bytes) {
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   if (ec) throw io_error(concat("cannot create folder '", path.parent_path().string(), "': ", ec.message()));
-  static std::atomic<unsigned> counter{0};
-  const fs::path tmp = concat(path.string(), ".tmp.", ::getpid(), ".", counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw io_error(concat("cannot write '", tmp.string(), "'"));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      fs::remove(tmp, ec);
-      throw io_error(concat("error while writing '", tmp.string(), "' (disk full?)"));
-    }
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw io_error(concat("cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message()));
-  }
+  io::write_file_atomically(path.string(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
 }
 
 // ---- token files ------------------------------------------------------------------------------
