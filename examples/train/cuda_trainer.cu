@@ -1,6 +1,6 @@
 // The CUDA DeviceTrainer (device.hpp): coupledqk::cuda::Gpt and coupledqk::cuda::AdamW behind the
 // trainer's device interface. The one translation unit that compiles the registry's device models
-// (44 variants x 2 precisions, through cuda::make_gpt).
+// (every variant of the table x 2 precisions, through cuda::make_gpt).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -26,6 +26,23 @@ static_assert(std::decay_t<decltype(builtin_variants)>::size <= max_builtin_entr
               "the built-in variant table has more entries than variants.hpp declares: raise "
               "max_builtin_entries and add the positions to COUPLEDQK_FOR_EACH_TABLE_POSITION");
 
+// The library and the program must agree on Eigen's alignment (it follows the instruction set,
+// e.g. -march=native with AVX-512 gives 64 bytes): objects of different layouts on each side
+// corrupt the heap. The library defines variants_abi::compiled_with_eigen_max_align_bytes_<N> for
+// its own N and every program that includes this header refers to the one of its N, so a mismatch
+// is a link error naming both alignments ("undefined reference to ..._32" while the library has
+// "..._64"): compile with the flags the library was built with (CMake: coupledqk::variants passes
+// them on).
+#define COUPLEDQK_VARIANTS_CAT2(a, b) a##b
+#define COUPLEDQK_VARIANTS_CAT(a, b) COUPLEDQK_VARIANTS_CAT2(a, b)
+#define COUPLEDQK_VARIANTS_ABI_TAG COUPLEDQK_VARIANTS_CAT(compiled_with_eigen_max_align_bytes_, EIGEN_MAX_ALIGN_BYTES)
+namespace variants_abi {
+extern const int COUPLEDQK_VARIANTS_ABI_TAG;
+#if defined(__GNUC__)
+[[gnu::used]] static const int* const check = &COUPLEDQK_VARIANTS_ABI_TAG;
+#endif
+}  // namespace variants_abi
+
 #define COUPLEDQK_FOR_EACH_TABLE_POSITION(X)                                                                   \
   X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) \
   X(19) X(20) X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31)
