@@ -24,6 +24,12 @@ TEST_CASE_TEMPLATE_DEFINE("layer gradients match central differences (double, re
   for (const auto& e : errors) {
     INFO("integrator ", V::integrator::name, "<", V::integrator::steps, ">, scoring ", V::scoring::name,
          ", memory ", to_string(V::memory), ", tensor ", e.name, ": rel. error ", e.error, ", scale ", e.scale);
+    // One newton-euler step adds h f2 to every key of a head and nothing reads k' but the scoring,
+    // which ignores a common shift of a head's keys: d loss / d f2 is exactly zero (spec 3c).
+    if (std::is_same_v<typename V::integrator, NewtonEuler<1>> && e.name == "dyn.f2") {
+      CHECK(e.scale <= 1e-8);  // both gradients are zero, to the differences' round-off
+      continue;
+    }
     CHECK(e.scale > 1e-8);  // a zero gradient would pass trivially
     CHECK(e.error <= 1e-6);
   }
