@@ -33,6 +33,18 @@ struct NotAPolicyWeKnow {
   static constexpr const char* name = "custom";
   template <class S>
   using parameters = cq::HamiltonianParameters<S>;
+  // A complete CPU policy (CheckIntegrator checks these signatures) that the device knows nothing of.
+  template <class S>
+  static parameters<S> make_parameters(const cq::DynamicsShape& shape, cq::Rng& rng) {
+    return parameters<S>(shape, rng);
+  }
+  template <class S>
+  static void forward(const parameters<S>&, const cq::Vector<S>&, cq::MatrixRef<S>, cq::MatrixRef<S>,
+                      cq::StateTrace<S>*, cq::DynamicsMemory) {}
+  template <class S>
+  static void backward(const parameters<S>&, const cq::Vector<S>&, const cq::StateTrace<S>&,
+                       const cq::ConstMatrixRef<S>&, const cq::ConstMatrixRef<S>&, cq::MatrixRef<S>,
+                       cq::MatrixRef<S>, parameters<S>&, cq::Vector<S>&, cq::DynamicsMemory) {}
 };
 static_assert(cq::CheckIntegrator<NotAPolicyWeKnow>::value);
 

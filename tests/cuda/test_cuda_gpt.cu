@@ -526,17 +526,11 @@ struct HostOnlyScoring : Softmax {
   static constexpr const char* name = "host-only-scoring";
 };
 
-/// A complete integrator policy of no family the device code knows (no DeviceDynamics).
-struct HostOnlyFlow {
-  static constexpr int steps = 1;
-  static constexpr int order = 1;
-  static constexpr bool is_symplectic = false;
-  static constexpr bool is_coupled = true;
-  static constexpr bool is_reversible = false;
-  static constexpr bool has_dynamics = true;
+/// A complete integrator policy of no family the device code knows (no DeviceDynamics): explicit
+/// Euler on the velocity family's Newton field (the device's Euler kernels take only the tanh
+/// Hamiltonian).
+struct HostOnlyFlow : NewtonEuler<1> {
   static constexpr const char* name = "host-only-flow";
-  template <class S>
-  using parameters = HamiltonianParameters<S>;
 };
 static_assert(CheckIntegrator<HostOnlyFlow>::value);
 static_assert(!cuda::DeviceScoring<HostOnlyScoring>::supported && !cuda::has_device_dynamics<HostOnlyFlow>);
