@@ -11,8 +11,9 @@ namespace coupledqk::train {
 
 inline constexpr std::uint64_t fnv1a64_offset = 14695981039346656037ull;
 
-/// FNV-1a of `bytes` bytes at `data`, chained through `state` (start: fnv1a64_offset).
-inline std::uint64_t fnv1a64(const void* data, std::size_t bytes, std::uint64_t state = fnv1a64_offset) {
+/// FNV-1a of `bytes` bytes at `data`, chained through `state` (start: fnv1a64_offset). (Its own
+/// name, not an overload of fnv1a64: fnv1a64("text", state) would otherwise pick this one.)
+inline std::uint64_t fnv1a64_bytes(const void* data, std::size_t bytes, std::uint64_t state = fnv1a64_offset) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < bytes; ++i) {
     state ^= p[i];
@@ -21,7 +22,7 @@ inline std::uint64_t fnv1a64(const void* data, std::size_t bytes, std::uint64_t 
   return state;
 }
 inline std::uint64_t fnv1a64(std::string_view bytes, std::uint64_t state = fnv1a64_offset) {
-  return fnv1a64(bytes.data(), bytes.size(), state);
+  return fnv1a64_bytes(bytes.data(), bytes.size(), state);
 }
 
 }  // namespace coupledqk::train

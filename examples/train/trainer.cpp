@@ -169,11 +169,11 @@ std::vector<std::string> split_lines(const std::string& text) {
 
 /// A description of the prepared data that differs when any token, split or the tokenizer does.
 std::string data_fingerprint(const TrainData& data) {
-  std::uint64_t h = fnv1a64(data.tokenizer_bytes.data(), data.tokenizer_bytes.size());
+  std::uint64_t h = fnv1a64_bytes(data.tokenizer_bytes.data(), data.tokenizer_bytes.size());
   for (const auto* s : {&data.streams.train, &data.streams.valid, &data.streams.test}) {
     const std::uint64_t n = s->size();
-    h = fnv1a64(&n, sizeof n, h);
-    h = fnv1a64(s->data(), s->size() * sizeof(std::int32_t), h);
+    h = fnv1a64_bytes(&n, sizeof n, h);
+    h = fnv1a64_bytes(s->data(), s->size() * sizeof(std::int32_t), h);
   }
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
