@@ -1,4 +1,5 @@
 #include "checkpoint.hpp"
+#include "dynamics_json.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -150,6 +151,7 @@ std::string to_json(const CheckpointInfo& info) {
                 {"elapsed_seconds", info.state.elapsed},
                 {"sampler_rng", rng},
                 {"curve", curve}};
+  if (!info.state.dynamics.empty()) j["state"]["dynamics"] = dynamics_curve_to_json(info.state.dynamics);
   return j.dump();
 }
 
@@ -228,6 +230,8 @@ CheckpointInfo checkpoint_info_from_json(const std::string& text, const std::str
                      "; expected [step, tokens, loss, ppl]");
     info.state.curve.push_back(CurvePoint{p[0].get<Index>(), p[1].get<Index>(), p[2].get<double>(), p[3].get<double>()});
   }
+  // Written since the study's diagnostics over training: optional.
+  if (s.contains("dynamics")) info.state.dynamics = dynamics_curve_from_json(s.at("dynamics"), where(source) + "field 'state.dynamics'");
   if (r.batch <= 0 || r.seq <= 0 || r.total_steps < 1 || info.state.step < 0 || info.state.step > r.total_steps)
     throw io_error(where(source) + "inconsistent training state (batch " + std::to_string(r.batch) + ", seq " +
                    std::to_string(r.seq) + ", step " + std::to_string(info.state.step) + " of " +

@@ -53,6 +53,15 @@ struct CurvePoint {
   double ppl = 0;         ///< exp(loss)
 };
 
+/// The dynamics diagnostics of every block with dynamics at one evaluation (TrainOptions::
+/// dynamics_probe_windows): how far the learned map moves queries and keys, and the integration
+/// times, over training.
+struct DynamicsPoint {
+  Index step = 0;
+  Index tokens = 0;
+  std::vector<LayerDynamics> layers;  ///< blocks whose attention has dynamics, in order
+};
+
 /// Everything that fixes a run's trajectory: the model, the data and the optimisation. A resume
 /// must match it field for field.
 struct RunFingerprint {
@@ -73,6 +82,7 @@ struct RunState {
   double elapsed = 0;                      ///< seconds of training so far (all sessions)
   std::array<std::uint64_t, 4> sampler{};  ///< state of the batch sampler's coupledqk::Rng
   std::vector<CurvePoint> curve;           ///< periodic validation results so far
+  std::vector<DynamicsPoint> dynamics;     ///< dynamics diagnostics at those evaluations (when probed)
 };
 
 /// The "coupledqk" metadata of a checkpoint.

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -19,6 +20,7 @@
 #include <coupledqk/registry.hpp>
 
 #include "data.hpp"
+#include "dynamics_json.hpp"
 
 
 namespace coupledqk::train::study {
@@ -83,11 +85,23 @@ const std::set<std::string>& reserved_flags() {
   return r;
 }
 
-/// Sets flag `name` (without "--") of `o` from its text, through train_flags (the trainer's own list).
-void set_flag(TrainOptions& o, const std::string& name, const std::string& text, const std::string& where) {
+/// Refuses a flag a plan may not set, or one the trainer does not have (naming those it has).
+void check_flag_name(TrainOptions& o, const std::string& name, const std::string& where) {
   if (reserved_flags().count(name))
     throw invalid_argument(where + ": '" + name + "' cannot be set here (variants and seeds come from the groups; "
                                                     "threads, cache and seconds are not part of a run)");
+  std::vector<FlagSpec> flags = train_flags(o, false);
+  for (const FlagSpec& f : flags)
+    if (f.name == "--" + name) return;
+  std::string accepted;
+  for (const FlagSpec& f : flags)
+    if (!reserved_flags().count(f.name.substr(2))) accepted += (accepted.empty() ? "" : ", ") + f.name.substr(2);
+  throw invalid_argument(where + ": unknown flag '" + bounded_quote(name) + "'; accepted: " + accepted);
+}
+
+/// Sets flag `name` (without "--") of `o` from its text, through train_flags (the trainer's own list).
+void set_flag(TrainOptions& o, const std::string& name, const std::string& text, const std::string& where) {
+  check_flag_name(o, name, where);
   std::vector<FlagSpec> flags = train_flags(o, false);
   for (FlagSpec& f : flags) {
     if (f.name != "--" + name) continue;
@@ -116,10 +130,6 @@ void set_flag(TrainOptions& o, const std::string& name, const std::string& text,
         f.target);
     return;
   }
-  std::string accepted;
-  for (const FlagSpec& f : flags)
-    if (!reserved_flags().count(f.name.substr(2))) accepted += (accepted.empty() ? "" : ", ") + f.name.substr(2);
-  throw invalid_argument(where + ": unknown flag '" + bounded_quote(name) + "'; accepted: " + accepted);
 }
 
 /// The identity of a run: "name=value" of every flag that changes what is trained, sorted.
@@ -208,13 +218,19 @@ const char* to_string(ClaimTest t) {
     case ClaimTest::spread_ratio: return "spread_ratio";
     case ClaimTest::tokens_to_target: return "tokens_to_target";
     case ClaimTest::shift: return "shift";
+    case ClaimTest::tokens_to_match: return "tokens_to_match";
   }
   return "?";
 }
 
 const RunSpec* Plan::find(const ArmRef& arm, std::uint64_t seed) const {
   const auto it = arms.find(arm.text() + "#" + std::to_string(seed));
-  return it == arms.end() ? nullptr : &runs[it->second];
+  if (it != arms.end()) return &runs[it->second];
+  // "group/$choice" of a group that lists the choice's candidates: the chosen one, once chosen
+  if (!arm.variant.empty() && arm.variant[0] == '$')
+    if (const Choice* c = choice(arm.variant.substr(1)); c && c->kind == Choice::Kind::variant && c->resolved)
+      return find(ArmRef{arm.group, c->value}, seed);
+  return nullptr;
 }
 
 const Group& Plan::group_of(const ArmRef& arm, const std::string& claim_id) const {
@@ -223,6 +239,13 @@ const Group& Plan::group_of(const ArmRef& arm, const std::string& claim_id) cons
     const Group& g = groups[it->second];
     for (const VariantSpec& v : g.variants)
       if (v.label == arm.variant) return g;
+    if (!arm.variant.empty() && arm.variant[0] == '$')
+      if (const Choice* c = choice(arm.variant.substr(1)); c && c->kind == Choice::Kind::variant) {
+        const bool all = std::all_of(c->among.begin(), c->among.end(), [&](const std::string& label) {
+          return std::any_of(g.variants.begin(), g.variants.end(), [&](const VariantSpec& v) { return v.label == label; });
+        });
+        if (all) return g;  // whichever it picks, the group has it
+      }
     std::vector<std::string> list;
     for (const VariantSpec& v : g.variants) list.push_back(v.label);
     throw invalid_argument("plan '" + path + "': claim " + bounded_quote(claim_id) + " names '" + bounded_quote(arm.text()) +
@@ -254,12 +277,307 @@ std::map<std::string, std::string> flag_values(const json& d, const std::string&
 }
 }  // namespace
 
+const Choice* Plan::choice(const std::string& name) const {
+  for (const Choice& c : choices)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+std::string Plan::shown_label(const ArmRef& arm) const {
+  const auto it = group_index.find(arm.group);
+  if (it == group_index.end()) return arm.variant;
+  const Group& g = groups[it->second];
+  for (std::size_t i = 0; i < g.variants.size(); ++i) {
+    const VariantSpec& v = g.variants[i];
+    if (v.label != arm.variant || g.variant_choice[i].empty() || v.attention.empty()) continue;
+    return v.label + " = " + v.attention + (v.steps > 1 ? ":" + std::to_string(v.steps) : "");
+  }
+  if (!arm.variant.empty() && arm.variant[0] == '$')
+    if (const Choice* c = choice(arm.variant.substr(1)); c && c->resolved && c->kind == Choice::Kind::variant)
+      return arm.variant + " = " + c->value;
+  return arm.variant;
+}
+
+std::pair<std::string, std::string> split_choice_ref(const std::string& ref) {
+  const auto colon = ref.find(':');
+  if (colon == std::string::npos) return {ref, ""};
+  return {ref.substr(0, colon), ref.substr(colon + 1)};
+}
+
+std::vector<std::string> Group::waiting_for(const std::vector<Choice>& choices) const {
+  std::vector<std::string> out;
+  if (expanded) return out;
+  auto find = [&](const std::string& name) -> const Choice* {
+    for (const Choice& c : choices)
+      if (c.name == name) return &c;
+    return nullptr;
+  };
+  std::set<std::string> seen;
+  auto add = [&](const std::string& n) {
+    if (seen.insert(n).second) out.push_back(n);
+  };
+  for (const std::string& n : variant_choice)
+    if (!n.empty()) {
+      const Choice* c = find(n);
+      if (!c || !c->resolved) add(n);
+    }
+  for (const auto& [flag, ref] : set_choice) {
+    const auto [n, fixed] = split_choice_ref(ref);
+    const Choice* c = find(n);
+    if (!c) {
+      add(n);
+      continue;
+    }
+    for (const VariantSpec& v : variants)
+      if (!c->per_label.count(fixed.empty() ? v.label : fixed)) add(n);
+  }
+  return out;
+}
+
+namespace {
+
+/// Makes the runs of a group whose choices are all resolved (Plan::runs, arms, run_index).
+void expand_group(Plan& p, Group& g) {
+  const std::string gw = "plan '" + p.path + "' group '" + g.name + "'";
+  for (std::uint64_t seed : g.seeds)
+    for (std::size_t vi = 0; vi < g.variants.size(); ++vi) {
+      VariantSpec v = g.variants[vi];
+      if (!g.variant_choice[vi].empty()) {
+        const Choice* c = p.choice(g.variant_choice[vi]);
+        require(c && c->resolved, "study: group '", g.name, "' expanded before its choice '", g.variant_choice[vi], "'");
+        const VariantSpec chosen = parse_variant(c->value, gw);
+        v.attention = chosen.attention;
+        if (v.steps == 0) v.steps = chosen.steps;
+        g.variants[vi].attention = v.attention;
+        g.variants[vi].steps = v.steps;
+      }
+      RunSpec r;
+      r.group = g.name;
+      r.variant = v;
+      r.seed = seed;
+      r.options = g.base;
+      for (const auto& [flag, ref] : g.set_choice) {
+        const auto [name, fixed] = split_choice_ref(ref);
+        const std::string label = fixed.empty() ? v.label : fixed;
+        const Choice* c = p.choice(name);
+        require(c && c->per_label.count(label), "study: group '", g.name, "' expanded before its choice '", name, "'");
+        set_flag(r.options, flag, c->per_label.at(label), gw + " (choice " + name + ")");
+      }
+      r.options.attention = v.attention;
+      r.options.steps = v.steps;
+      r.options.seed = seed;
+      r.options.budget_seconds = 0;
+      try {
+        validate_explicit(r.options, [&](const std::string& flag) { return g.given.count(flag) > 0; });
+      } catch (const std::exception& e) {
+        throw invalid_argument(gw + ", variant '" + v.label + "', seed " + std::to_string(seed) + ": " + e.what());
+      }
+      r.identity = identity_of(r.options);
+      r.id = hex16(run_id_hash(r.identity));
+      if (!p.run_index.count(r.identity)) {
+        p.run_index[r.identity] = p.runs.size();
+        p.runs.push_back(r);
+      }
+      p.arms[g.name + "/" + v.label + "#" + std::to_string(seed)] = p.run_index[r.identity];
+    }
+  g.expanded = true;
+}
+
+/// "choices": [{"name", "group", "among"} | {"name", "flag", "groups"}]; every reference of a group
+/// checked against them, and no choice may depend on itself through the groups it reads.
+void parse_choices(Plan& p, const json& cs, const std::string& where) {
+  if (!cs.is_array()) throw invalid_argument(where + ": \"choices\" must be an array; got " + shown(cs));
+  auto group_named = [&](const std::string& name, const std::string& cw) -> const Group& {
+    const auto it = p.group_index.find(name);
+    if (it == p.group_index.end()) {
+      std::vector<std::string> list;
+      for (const Group& g : p.groups) list.push_back(g.name);
+      throw invalid_argument(cw + ": there is no group '" + bounded_quote(name) + "'; groups: " + io::detail::join_names(list));
+    }
+    return p.groups[it->second];
+  };
+  for (std::size_t ci = 0; ci < cs.size(); ++ci) {
+    const json& cj = cs[ci];
+    const std::string cw = where + " choices[" + std::to_string(ci) + "]";
+    if (!cj.is_object()) throw invalid_argument(cw + ": expected an object; got " + shown(cj));
+    check_keys(cj, {"name", "group", "among", "flag", "groups"}, cw);
+    Choice c;
+    c.name = need_name(cj, "name", cw);
+    if (p.choice(c.name)) throw invalid_argument(cw + ": choice name '" + c.name + "' is used twice");
+    if (cj.contains("flag")) {
+      if (cj.contains("group") || cj.contains("among"))
+        throw invalid_argument(cw + ": a choice has either \"group\" and \"among\" (a variant) or \"flag\" and \"groups\" (a flag's value), not both");
+      c.kind = Choice::Kind::flag;
+      c.flag = need_string(cj, "flag", cw);
+      TrainOptions probe;
+      check_flag_name(probe, c.flag, cw);
+      const json& gs = need(cj, "groups", cw);
+      if (!gs.is_array() || gs.size() < 2)
+        throw invalid_argument(cw + ": \"groups\" must be an array of at least 2 group names (the sweep); got " + shown(gs));
+      for (const json& gn : gs) {
+        if (!gn.is_string()) throw invalid_argument(cw + ": every group must be a name; got " + shown(gn));
+        const Group& g = group_named(gn.get<std::string>(), cw);
+        if (!g.set.count(c.flag) && !p.defaults.count(c.flag))
+          throw invalid_argument(cw + ": group '" + g.name + "' of the sweep does not set '" + bounded_quote(c.flag) +
+                                 "' (in its \"set\" or the plan's \"defaults\")");
+        if (g.set_choice.count(c.flag))
+          throw invalid_argument(cw + ": group '" + g.name + "' of the sweep takes its '" + c.flag + "' from a choice");
+        if (std::find(c.groups.begin(), c.groups.end(), g.name) != c.groups.end())
+          throw invalid_argument(cw + ": group '" + g.name + "' is listed twice");
+        c.groups.push_back(g.name);
+      }
+    } else {
+      c.kind = Choice::Kind::variant;
+      const Group& g = group_named(need_string(cj, "group", cw), cw);
+      c.groups.push_back(g.name);
+      const json& among = need(cj, "among", cw);
+      if (!among.is_array() || among.empty())
+        throw invalid_argument(cw + ": \"among\" must be a non-empty array of the group's variants; got " + shown(among));
+      for (const json& a : among) {
+        if (!a.is_string()) throw invalid_argument(cw + ": every candidate must be a string; got " + shown(a));
+        const std::string label = a.get<std::string>();
+        if (std::none_of(g.variants.begin(), g.variants.end(), [&](const VariantSpec& v) { return v.label == label; }))
+          throw invalid_argument(cw + ": group '" + g.name + "' has no variant '" + bounded_quote(label) + "'");
+        if (!label.empty() && label[0] == '$')
+          throw invalid_argument(cw + ": a candidate cannot itself be a choice ('" + bounded_quote(label) + "')");
+        if (std::find(c.among.begin(), c.among.end(), label) != c.among.end())
+          throw invalid_argument(cw + ": candidate '" + bounded_quote(label) + "' is listed twice");
+        c.among.push_back(label);
+      }
+    }
+    p.choices.push_back(c);
+  }
+  // Every reference names a choice of the right kind.
+  for (const Group& g : p.groups) {
+    const std::string gw = where + " group '" + g.name + "'";
+    for (std::size_t vi = 0; vi < g.variants.size(); ++vi) {
+      const std::string& n = g.variant_choice[vi];
+      if (n.empty()) continue;
+      const Choice* c = p.choice(n);
+      if (!c || c->kind != Choice::Kind::variant)
+        throw invalid_argument(gw + ": variant '" + bounded_quote(g.variants[vi].label) + "' names no variant choice of the plan (\"choices\" with \"group\" and \"among\")");
+    }
+    for (const auto& [flag, ref] : g.set_choice) {
+      const auto [n, fixed] = split_choice_ref(ref);
+      const Choice* c = p.choice(n);
+      if (!c || c->kind != Choice::Kind::flag || c->flag != flag)
+        throw invalid_argument(gw + ": set." + flag + " = '$" + bounded_quote(ref) + "' names no choice of '" + flag + "' (\"choices\" with \"flag\": \"" + flag + "\")");
+      std::vector<std::string> labels{fixed};
+      if (fixed.empty()) {
+        labels.clear();
+        for (const VariantSpec& v : g.variants) labels.push_back(v.label);
+      }
+      for (const std::string& label : labels) {
+        bool swept = false;
+        for (const std::string& sg : c->groups) {
+          const Group& s = p.groups[p.group_index.at(sg)];
+          swept |= std::any_of(s.variants.begin(), s.variants.end(), [&](const VariantSpec& x) { return x.label == label; });
+        }
+        if (!swept)
+          throw invalid_argument(gw + ": '" + bounded_quote(label) + "' takes its " + flag + " from choice '" + n +
+                                 "', whose groups have no variant of that label");
+      }
+    }
+  }
+  // No cycle: a choice may not wait, through the groups it reads, for itself.
+  std::map<std::string, int> state;  // 1: on the path, 2: done
+  std::function<void(const std::string&, std::vector<std::string>&)> visit = [&](const std::string& name,
+                                                                                 std::vector<std::string>& path) {
+    if (state[name] == 2) return;
+    path.push_back(name);
+    if (state[name] == 1) {
+      std::string loop;
+      for (const auto& n : path) loop += (loop.empty() ? "" : " -> ") + n;
+      throw invalid_argument(where + ": choices wait for each other in a circle: " + loop);
+    }
+    state[name] = 1;
+    const Choice* c = p.choice(name);
+    for (const std::string& gn : c->groups) {
+      const Group& g = p.groups[p.group_index.at(gn)];
+      std::set<std::string> deps(g.variant_choice.begin(), g.variant_choice.end());
+      for (const auto& [f, ref] : g.set_choice) deps.insert(split_choice_ref(ref).first);
+      deps.erase("");
+      for (const std::string& d : deps) visit(d, path);
+    }
+    state[name] = 2;
+    path.pop_back();
+  };
+  for (const Choice& c : p.choices) {
+    std::vector<std::string> path;
+    visit(c.name, path);
+  }
+}
+
+/// The arms of "figures": [{"id", "title", "kind": "change" | "ppl", "x", "log_x", "series":
+/// [{"label", "pairs": [["g/a", "g/b"], ...]} | {"label", "arms": ["g/a", ...]}]}].
+void parse_figures(Plan& p, const json& fs, const std::string& where) {
+  if (!fs.is_array()) throw invalid_argument(where + ": \"figures\" must be an array; got " + shown(fs));
+  std::set<std::string> ids;
+  auto arm_of = [&](const json& v, const std::string& w) {
+    if (!v.is_string()) throw invalid_argument(w + ": expected \"group/variant\"; got " + shown(v));
+    json holder = {{"arm", v}};
+    ArmRef a = parse_arm(holder, "arm", w);
+    p.group_of(a, w);
+    return a;
+  };
+  for (std::size_t fi = 0; fi < fs.size(); ++fi) {
+    const json& fj = fs[fi];
+    const std::string fw = where + " figures[" + std::to_string(fi) + "]";
+    if (!fj.is_object()) throw invalid_argument(fw + ": expected an object; got " + shown(fj));
+    check_keys(fj, {"id", "title", "kind", "x", "log_x", "series"}, fw);
+    Figure f;
+    f.id = need_name(fj, "id", fw);
+    if (!ids.insert(f.id).second) throw invalid_argument(fw + ": figure id '" + f.id + "' is used twice");
+    f.title = need_string(fj, "title", fw);
+    f.kind = need_string(fj, "kind", fw);
+    if (f.kind != "change" && f.kind != "ppl")
+      throw invalid_argument(fw + ": unknown kind '" + bounded_quote(f.kind) + "'; accepted: change, ppl");
+    f.x = need_string(fj, "x", fw);
+    if (f.x != "parameters" && f.x != "tokens") {
+      TrainOptions probe;
+      check_flag_name(probe, f.x, fw + " x");
+    }
+    if (fj.contains("log_x")) {
+      if (!fj.at("log_x").is_boolean()) throw invalid_argument(fw + ": \"log_x\" must be true or false; got " + shown(fj.at("log_x")));
+      f.log_x = fj.at("log_x").get<bool>();
+    }
+    const json& ss = need(fj, "series", fw);
+    if (!ss.is_array() || ss.empty()) throw invalid_argument(fw + ": \"series\" must be a non-empty array; got " + shown(ss));
+    for (std::size_t si = 0; si < ss.size(); ++si) {
+      const json& sj = ss[si];
+      const std::string sw = fw + " series[" + std::to_string(si) + "]";
+      if (!sj.is_object()) throw invalid_argument(sw + ": expected an object; got " + shown(sj));
+      check_keys(sj, {"label", "pairs", "arms"}, sw);
+      Figure::Series series;
+      series.label = need_string(sj, "label", sw);
+      const char* key = f.kind == "change" ? "pairs" : "arms";
+      const json& items = need(sj, key, sw);
+      if (!items.is_array() || items.empty()) throw invalid_argument(sw + ": \"" + key + "\" must be a non-empty array; got " + shown(items));
+      for (const json& it : items) {
+        if (f.kind == "change") {
+          if (!it.is_array() || it.size() != 2)
+            throw invalid_argument(sw + ": every pair must be [\"group/a\", \"group/b\"]; got " + shown(it));
+          series.pairs.emplace_back(arm_of(it[0], sw), arm_of(it[1], sw));
+        } else {
+          const ArmRef a = arm_of(it, sw);
+          series.pairs.emplace_back(a, a);
+        }
+      }
+      f.series.push_back(std::move(series));
+    }
+    p.figures.push_back(std::move(f));
+  }
+}
+
+}  // namespace
+
 Plan parse_plan(const std::string& text, const std::string& source,
                 const std::map<std::string, std::string>& overrides) {
   const std::string where = "plan '" + source + "'";
   const json j = io::read_json<invalid_argument>(text, where, plan_limits);
   if (!j.is_object()) throw invalid_argument(where + ": expected a JSON object at the top; got " + j.type_name());
-  check_keys(j, {"plan", "description", "notes", "threads", "defaults", "groups", "claims", "cpu_time"}, where);
+  check_keys(j, {"plan", "description", "notes", "threads", "defaults", "groups", "claims", "cpu_time", "choices", "figures"},
+             where);
   Plan p;
   p.path = source;
   p.name = need_name(j, "plan", where);
@@ -290,7 +608,6 @@ Plan parse_plan(const std::string& text, const std::string& source,
   if (resolved > max_plan_runs)
     throw invalid_argument(where + ": its groups list " + std::to_string(resolved) + " runs (seeds x variants); at most " +
                            std::to_string(max_plan_runs) + " are accepted in one plan (split it)");
-  std::map<std::string, std::size_t> by_identity;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     const json& gj = groups[gi];
     const std::string gw = where + " groups[" + std::to_string(gi) + "]";
@@ -305,10 +622,24 @@ Plan parse_plan(const std::string& text, const std::string& source,
     std::set<std::string> labels;
     for (const json& v : vs) {
       if (!v.is_string()) throw invalid_argument(gw + ": every variant must be a string; got " + shown(v));
-      VariantSpec spec = parse_variant(v.get<std::string>(), gw);
+      const std::string text = v.get<std::string>();
+      VariantSpec spec;
+      std::string choice;
+      if (!text.empty() && text[0] == '$') {  // a choice's variant: "$name" or "$name:N"
+        spec = parse_variant_spec(text.substr(1), gw);
+        choice = spec.attention;
+        const std::string bad = name_error(choice);
+        if (!bad.empty()) throw invalid_argument(gw + ": variant '" + bounded_quote(text) + "' names a choice " + bad);
+        spec.label = text;
+        spec.attention.clear();
+        if (text.find(':') == std::string::npos) spec.steps = 0;  // the candidate's own step count
+      } else {
+        spec = parse_variant(text, gw);
+      }
       if (!labels.insert(spec.label).second)
         throw invalid_argument(gw + ": variant '" + bounded_quote(spec.label) + "' is listed twice");
       g.variants.push_back(spec);
+      g.variant_choice.push_back(choice);
     }
     const json& ss = need(gj, "seeds", gw);
     if (!ss.is_array() || ss.empty())
@@ -325,49 +656,41 @@ Plan parse_plan(const std::string& text, const std::string& source,
     if (gj.contains("set")) g.set = flag_values(gj.at("set"), gw, "set");
     // The group's options: the trainer's defaults, the plan's, the group's, the overrides. A value
     // given anywhere is checked as the CLI checks it (validate_explicit: --tokens 0 is an error, not
-    // the default budget).
-    TrainOptions base;
-    std::set<std::string> given;
-    for (const auto& [k, v] : p.defaults) set_flag(base, k, v, where + " defaults"), given.insert("--" + k);
-    for (const auto& [k, v] : g.set) set_flag(base, k, v, gw + " set"), given.insert("--" + k);
-    for (const auto& [k, v] : overrides) set_flag(base, k, v, "command line"), given.insert("--" + k);
+    // the default budget). A value "$choice" is set when the group's runs are made.
+    for (const auto& [k, v] : p.defaults) set_flag(g.base, k, v, where + " defaults"), g.given.insert("--" + k);
+    for (const auto& [k, v] : g.set) {
+      if (!v.empty() && v[0] == '$') {  // "$choice", or "$choice:label" (that label's value)
+        const auto colon = v.find(':');
+        const std::string bad = name_error(v.substr(1, colon == std::string::npos ? std::string::npos : colon - 1));
+        if (!bad.empty()) throw invalid_argument(gw + " set." + bounded_quote(k) + ": '" + bounded_quote(v) + "' names a choice " + bad);
+        check_flag_name(g.base, k, gw + " set");
+        g.set_choice[k] = v.substr(1);
+      } else {
+        set_flag(g.base, k, v, gw + " set");
+      }
+      g.given.insert("--" + k);
+    }
+    for (const auto& [k, v] : overrides) {
+      set_flag(g.base, k, v, "command line");
+      g.given.insert("--" + k);
+      g.set_choice.erase(k);  // the command line replaces the plan's values, chosen ones too
+    }
     {
       const auto& known = known_corpora();
       std::error_code ec;
-      if (std::find(known.begin(), known.end(), base.corpus) == known.end() && !fs::exists(base.corpus, ec)) {
+      if (std::find(known.begin(), known.end(), g.base.corpus) == known.end() && !fs::exists(g.base.corpus, ec)) {
         std::string list;
         for (const auto& c : known) list += (list.empty() ? "" : ", ") + c;
-        throw invalid_argument(gw + ": unknown corpus '" + bounded_quote(base.corpus) + "'; accepted: " + list +
+        throw invalid_argument(gw + ": unknown corpus '" + bounded_quote(g.base.corpus) + "'; accepted: " + list +
                                ", or an existing file or folder");
       }
     }
-    for (std::uint64_t seed : g.seeds)
-      for (const VariantSpec& v : g.variants) {
-        RunSpec r;
-        r.group = g.name;
-        r.variant = v;
-        r.seed = seed;
-        r.options = base;
-        r.options.attention = v.attention;
-        r.options.steps = v.steps;
-        r.options.seed = seed;
-        r.options.budget_seconds = 0;
-        try {
-          validate_explicit(r.options, [&](const std::string& flag) { return given.count(flag) > 0; });
-        } catch (const std::exception& e) {
-          throw invalid_argument(gw + ", variant '" + v.label + "', seed " + std::to_string(seed) + ": " + e.what());
-        }
-        r.identity = identity_of(r.options);
-        r.id = hex16(run_id_hash(r.identity));
-        if (!by_identity.count(r.identity)) {
-          by_identity[r.identity] = p.runs.size();
-          p.runs.push_back(r);
-        }
-        p.arms[g.name + "/" + v.label + "#" + std::to_string(seed)] = by_identity[r.identity];
-      }
     p.group_index[g.name] = p.groups.size();
-    p.groups.push_back(g);
+    p.groups.push_back(std::move(g));
   }
+  if (j.contains("choices")) parse_choices(p, j.at("choices"), where);
+  for (Group& g : p.groups)
+    if (g.waiting_for(p.choices).empty()) expand_group(p, g);
   if (j.contains("claims")) {
     const json& cs = j.at("claims");
     if (!cs.is_array()) throw invalid_argument(where + ": \"claims\" must be an array; got " + shown(cs));
@@ -376,15 +699,16 @@ Plan parse_plan(const std::string& text, const std::string& source,
       const json& cj = cs[ci];
       const std::string cw = where + " claims[" + std::to_string(ci) + "]";
       if (!cj.is_object()) throw invalid_argument(cw + ": expected an object; got " + shown(cj));
-      check_keys(cj, {"id", "title", "paper", "test", "a", "b", "c", "d", "margin"}, cw);
+      check_keys(cj, {"id", "title", "paper", "test", "a", "b", "c", "d", "margin", "ladder"}, cw);
       Claim c;
       c.id = need_name(cj, "id", cw);
       if (!ids.insert(c.id).second) throw invalid_argument(cw + ": claim id '" + c.id + "' is used twice");
       c.title = need_string(cj, "title", cw);
       if (cj.contains("paper")) c.paper = need_string(cj, "paper", cw);
       const std::string test = need_string(cj, "test", cw);
-      const std::vector<ClaimTest> all{ClaimTest::better,      ClaimTest::worse,           ClaimTest::equivalent,
-                                       ClaimTest::spread_ratio, ClaimTest::tokens_to_target, ClaimTest::shift};
+      const std::vector<ClaimTest> all{ClaimTest::better,       ClaimTest::worse,           ClaimTest::equivalent,
+                                       ClaimTest::spread_ratio, ClaimTest::tokens_to_target, ClaimTest::shift,
+                                       ClaimTest::tokens_to_match};
       bool found = false;
       std::string names;
       for (ClaimTest t : all) {
@@ -396,9 +720,24 @@ Plan parse_plan(const std::string& text, const std::string& source,
       }
       if (!found) throw invalid_argument(cw + ": unknown test '" + bounded_quote(test) + "'; accepted: " + names);
       c.a = parse_arm(cj, "a", cw);
-      c.b = parse_arm(cj, "b", cw);
       p.group_of(c.a, c.id);
-      p.group_of(c.b, c.id);
+      if (c.test == ClaimTest::tokens_to_match) {
+        if (cj.contains("b")) throw invalid_argument(cw + ": test 'tokens_to_match' takes \"ladder\", not \"b\"");
+        const json& l = need(cj, "ladder", cw);
+        if (!l.is_array() || l.size() < 2)
+          throw invalid_argument(cw + ": \"ladder\" must be an array of at least 2 arms (group/variant) at growing budgets; got " + shown(l));
+        for (const json& x : l) {
+          json holder = {{"arm", x}};
+          const ArmRef arm = parse_arm(holder, "arm", cw + " ladder");
+          p.group_of(arm, c.id);
+          c.ladder.push_back(arm);
+        }
+        c.b = c.ladder.front();
+      } else {
+        if (cj.contains("ladder")) throw invalid_argument(cw + ": \"ladder\" belongs to test 'tokens_to_match' only");
+        c.b = parse_arm(cj, "b", cw);
+        p.group_of(c.b, c.id);
+      }
       if (c.test == ClaimTest::shift) {
         c.c = parse_arm(cj, "c", cw);
         c.d = parse_arm(cj, "d", cw);
@@ -416,6 +755,7 @@ Plan parse_plan(const std::string& text, const std::string& source,
       p.claims.push_back(c);
     }
   }
+  if (j.contains("figures")) parse_figures(p, j.at("figures"), where);
   return p;
 }
 
@@ -436,10 +776,12 @@ std::string to_json(const RunResult& r) {
   j["variant"] = r.variant;
   j["seed"] = r.seed;
   j["code_version"] = r.code_version;
-  j["valid_loss"] = r.valid_loss;
-  j["valid_ppl"] = r.valid_ppl;
-  j["test_loss"] = r.test_loss;
-  j["test_ppl"] = r.test_ppl;
+  auto number = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };  // a diverged run's
+  j["valid_loss"] = number(r.valid_loss);
+  j["valid_ppl"] = number(r.valid_ppl);
+  j["test_loss"] = number(r.test_loss);
+  j["test_ppl"] = number(r.test_ppl);
+  if (r.diverged()) j["diverged_at"] = r.diverged_at;
   j["tokens_per_s"] = r.tokens_per_s;
   j["train_seconds"] = r.train_seconds;
   j["tokens"] = r.tokens;
@@ -457,6 +799,7 @@ std::string to_json(const RunResult& r) {
   for (const LayerDiagnostics& d : r.dynamics)
     dyn.push_back({{"tau", d.tau}, {"q_displacement", d.q_displacement}, {"k_displacement", d.k_displacement}});
   j["dynamics"] = dyn;
+  if (!r.dynamics_curve.empty()) j["dynamics_curve"] = dynamics_curve_to_json(r.dynamics_curve);
   return j.dump(1) + "\n";
 }
 
@@ -518,10 +861,19 @@ RunResult result_from_json(const std::string& text, const std::string& source) {
   r.variant = f.text(j, "variant");
   r.seed = f.count<std::uint64_t>(j, "seed");
   r.code_version = f.text(j, "code_version");
-  r.valid_loss = f.number(j, "valid_loss");
-  r.valid_ppl = f.number(j, "valid_ppl");
-  r.test_loss = f.number(j, "test_loss");
-  r.test_ppl = f.number(j, "test_ppl");
+  if (j.contains("diverged_at")) {
+    r.diverged_at = f.count<Index>(j, "diverged_at");
+    if (r.diverged_at == 0) f.fail("diverged_at", "the step the loss was not finite (>= 1), or no such field", &j.at("diverged_at"));
+  }
+  // A diverged run has no perplexities (null); any other run has all four.
+  auto number_or_null = [&](const char* key) {
+    const json& v = f.at(j, key);
+    return r.diverged() && v.is_null() ? std::nan("") : f.number(j, key);
+  };
+  r.valid_loss = number_or_null("valid_loss");
+  r.valid_ppl = number_or_null("valid_ppl");
+  r.test_loss = number_or_null("test_loss");
+  r.test_ppl = number_or_null("test_ppl");
   r.tokens_per_s = f.number(j, "tokens_per_s");
   r.train_seconds = f.number(j, "train_seconds");
   r.tokens = f.count<Index>(j, "tokens");
@@ -552,20 +904,26 @@ RunResult result_from_json(const std::string& text, const std::string& source) {
     l.k_displacement = f.number(d, "k_displacement");
     r.dynamics.push_back(std::move(l));
   }
-  if (!(std::isfinite(r.valid_ppl) && r.valid_ppl > 0 && std::isfinite(r.test_ppl) && r.test_ppl > 0))
+  if (j.contains("dynamics_curve"))
+    r.dynamics_curve = dynamics_curve_from_json(j.at("dynamics_curve"), "result '" + source + "' field 'dynamics_curve'");
+  if (!r.diverged() && !(std::isfinite(r.valid_ppl) && r.valid_ppl > 0 && std::isfinite(r.test_ppl) && r.test_ppl > 0))
     throw io_error("result '" + source + "' holds a non-positive or non-finite perplexity");
   return r;
 }
 
-Store::Store(const Plan& plan, std::string dir) : plan_(plan), dir_(std::move(dir)) {
+Store::Store(const Plan& plan, std::string dir) : plan_(plan), dir_(std::move(dir)) { reload(); }
+
+void Store::reload() {
   // Nothing is created here: the folder appears with the first result saved (a refused command
   // leaves no empty folder behind).
+  all_.clear();
   std::error_code ec;
-  if (!fs::exists(dir_, ec)) return;
+  if (!fs::exists(dir_, ec)) {
+    refresh();
+    return;
+  }
   if (!fs::is_directory(dir_, ec))
     throw io_error("the results folder '" + dir_ + "' exists but is not a folder");
-  std::map<std::string, const RunSpec*> by_id;
-  for (const RunSpec& r : plan_.runs) by_id[r.id] = &r;
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir_))
     if (e.is_regular_file() && e.path().extension() == ".json" && e.path().filename().string()[0] != '.')
@@ -576,18 +934,29 @@ Store::Store(const Plan& plan, std::string dir) : plan_(plan), dir_(std::move(di
     if (r.plan != plan_.name)
       throw io_error("result '" + f.string() + "' belongs to plan '" + bounded_quote(r.plan) + "', not to '" + plan_.name +
                      "' (the plan of this folder); move it to that plan's results folder");
-    const auto it = by_id.find(r.id);
+    if (all_.count(r.id))
+      throw io_error("results '" + all_.at(r.id).file + "' and '" + f.string() + "' are the same run (id " + r.id +
+                     "); keep one");
+    all_[r.id] = r;
+  }
+  refresh();
+}
+
+void Store::refresh() {
+  std::map<std::string, const RunSpec*> by_id;
+  for (const RunSpec& r : plan_.runs) by_id[r.id] = &r;
+  results_.clear();
+  orphans_.clear();
+  for (const auto& [id, r] : all_) {
+    const auto it = by_id.find(id);
     if (it == by_id.end()) {
-      orphans_.push_back(f.string());
+      orphans_.push_back(r.file);
       continue;
     }
     if (it->second->identity != r.identity)
-      throw io_error("result '" + f.string() + "' has id " + bounded_quote(r.id) + " but its configuration differs from the plan's run "
+      throw io_error("result '" + r.file + "' has id " + bounded_quote(r.id) + " but its configuration differs from the plan's run "
                      "with that id (" + it->second->title() + "); the file was edited or comes from elsewhere");
-    if (results_.count(r.id))
-      throw io_error("results '" + results_.at(r.id).file + "' and '" + f.string() + "' are the same run (id " + r.id +
-                     "); keep one");
-    results_[r.id] = r;
+    results_[id] = r;
   }
 }
 
@@ -605,6 +974,107 @@ void Store::save(const RunResult& r) {
   RunResult stored = r;
   stored.file = path;
   results_[r.id] = stored;
+  all_[r.id] = stored;
+}
+
+// ---- choices ----------------------------------------------------------------------------------------
+
+namespace {
+/// Mean final validation loss of a group's runs of one label over the group's seeds; false while
+/// one of them is missing. A diverged run counts as +infinity.
+bool mean_loss(const Plan& p, const std::map<std::string, RunResult>& results, const Group& g, const std::string& label,
+               double& mean, int& n) {
+  mean = 0;
+  n = 0;
+  for (std::uint64_t seed : g.seeds) {
+    const RunSpec* spec = p.find(ArmRef{g.name, label}, seed);
+    if (!spec) return false;
+    const auto it = results.find(spec->id);
+    if (it == results.end()) return false;
+    mean += it->second.diverged() ? std::numeric_limits<double>::infinity() : it->second.valid_loss;
+    ++n;
+  }
+  mean /= n;
+  return n > 0;
+}
+
+/// Resolves what the finished runs allow; true when something new was resolved.
+bool resolve_choices(Plan& p, const std::map<std::string, RunResult>& results) {
+  bool changed = false;
+  for (Choice& c : p.choices) {
+    if (c.kind == Choice::Kind::variant) {
+      if (c.resolved) continue;
+      const Group& g = p.groups[p.group_index.at(c.groups[0])];
+      if (!g.expanded) continue;
+      std::map<std::string, std::pair<double, int>> scores;
+      bool all = true;
+      for (const std::string& label : c.among) {
+        double m = 0;
+        int n = 0;
+        all &= mean_loss(p, results, g, label, m, n);
+        scores[label] = {m, n};
+      }
+      if (!all) continue;
+      std::string best = c.among.front();
+      for (const std::string& label : c.among)
+        if (scores[label].first < scores[best].first) best = label;
+      c.scores = scores;
+      c.value = best;
+      c.resolved = true;
+      changed = true;
+    } else {
+      // per label: every sweep group that has it, expanded and finished
+      std::set<std::string> labels;
+      for (const std::string& gn : c.groups)
+        for (const VariantSpec& v : p.groups[p.group_index.at(gn)].variants) labels.insert(v.label);
+      for (const std::string& label : labels) {
+        if (c.per_label.count(label)) continue;
+        bool all = true;
+        std::string best;
+        double best_mean = 0;
+        std::map<std::string, std::pair<double, int>> scores;
+        for (const std::string& gn : c.groups) {
+          const Group& g = p.groups[p.group_index.at(gn)];
+          if (std::none_of(g.variants.begin(), g.variants.end(), [&](const VariantSpec& v) { return v.label == label; }))
+            continue;
+          double m = 0;
+          int n = 0;
+          if (!g.expanded || !mean_loss(p, results, g, label, m, n)) {
+            all = false;
+            break;
+          }
+          scores[gn + " " + label] = {m, n};
+          if (best.empty() || m < best_mean) best = gn, best_mean = m;
+        }
+        if (!all || best.empty()) continue;
+        const Group& g = p.groups[p.group_index.at(best)];
+        c.per_label[label] = g.set.count(c.flag) ? g.set.at(c.flag) : p.defaults.at(c.flag);
+        c.per_label_group[label] = best;
+        for (const auto& [k, v] : scores) c.scores[k] = v;
+        changed = true;
+      }
+      c.resolved = !labels.empty() && c.per_label.size() == labels.size();
+    }
+  }
+  for (Group& g : p.groups)
+    if (!g.expanded && g.waiting_for(p.choices).empty()) {
+      expand_group(p, g);
+      changed = true;
+    }
+  return changed;
+}
+}  // namespace
+
+std::size_t resolve(Plan& plan, Store& store) {
+  const std::size_t before = plan.runs.size();
+  while (resolve_choices(plan, store.results())) store.refresh();
+  return plan.runs.size() - before;
+}
+
+bool in_shard(const RunSpec& run, std::pair<int, int> shard) {
+  if (shard.second <= 1) return true;
+  const std::uint64_t h = std::strtoull(run.id.c_str(), nullptr, 16);
+  return static_cast<int>(h % static_cast<std::uint64_t>(shard.second)) == shard.first - 1;
 }
 
 std::pair<int, int> Store::merge(const std::string& other_dir) {
@@ -751,6 +1221,25 @@ double tokens_to_reach(const std::vector<CurvePoint>& curve, double target, bool
 
 }  // namespace
 
+double log_tokens_to_match(const std::vector<std::pair<double, double>>& points, double target, bool& censored) {
+  require(points.size() >= 2, "log_tokens_to_match: need at least 2 budgets; got ", points.size());
+  censored = false;
+  auto on = [&](std::size_t i) {  // the line through points i and i+1, at the target
+    const auto [x0, y0] = points[i];
+    const auto [x1, y1] = points[i + 1];
+    return y0 == y1 ? (target <= y0 ? x0 : x1) : x0 + (target - y0) * (x1 - x0) / (y1 - y0);
+  };
+  if (points.front().second <= target) {  // the smallest budget already matches: extrapolated below
+    censored = true;
+    return std::min(on(0), points.front().first);
+  }
+  for (std::size_t i = 0; i + 1 < points.size(); ++i)
+    if (points[i + 1].second <= target) return on(i);
+  censored = true;  // the largest budget falls short: extrapolated above
+  const std::size_t n = points.size();
+  return points[n - 1].second < points[n - 2].second ? std::max(on(n - 2), points.back().first) : points.back().first;
+}
+
 std::vector<ClaimResult> evaluate(const Plan& plan, const std::map<std::string, RunResult>& results) {
   std::vector<ClaimResult> out;
   for (const Claim& claim : plan.claims) {
@@ -760,6 +1249,10 @@ std::vector<ClaimResult> evaluate(const Plan& plan, const std::map<std::string, 
     const bool four = claim.test == ClaimTest::shift;
     std::vector<ArmRef> arms{claim.a, claim.b};
     if (four) arms = {claim.a, claim.b, claim.c, claim.d};
+    if (claim.test == ClaimTest::tokens_to_match) {
+      arms = {claim.a};
+      arms.insert(arms.end(), claim.ladder.begin(), claim.ladder.end());
+    }
     auto result_of = [&](const ArmRef& arm, std::uint64_t seed) -> const RunResult* {
       const RunSpec* spec = plan.find(arm, seed);
       if (!spec) return nullptr;
@@ -776,12 +1269,24 @@ std::vector<ClaimResult> evaluate(const Plan& plan, const std::map<std::string, 
         }
       }
     cr.versions.assign(versions.begin(), versions.end());
-    auto seeds_with = [&](const ArmRef& x, const ArmRef& y) {
+    // Seeds whose runs of every arm named are finished; a seed with a diverged run is left out and
+    // counted (the stability report lists it).
+    std::set<std::uint64_t> diverged_seeds;
+    auto seeds_of = [&](const std::vector<ArmRef>& xs) {
       std::vector<std::uint64_t> s;
-      for (std::uint64_t seed : plan.group_of(x, claim.id).seeds)
-        if (result_of(x, seed) && result_of(y, seed)) s.push_back(seed);
+      for (std::uint64_t seed : plan.group_of(xs.front(), claim.id).seeds) {
+        bool all = true, diverged = false;
+        for (const ArmRef& x : xs) {
+          const RunResult* r = result_of(x, seed);
+          all &= r != nullptr;
+          diverged |= r && r->diverged();
+        }
+        if (all && diverged) diverged_seeds.insert(seed);
+        if (all && !diverged) s.push_back(seed);
+      }
       return s;
     };
+    auto seeds_with = [&](const ArmRef& x, const ArmRef& y) { return seeds_of({x, y}); };
     auto changes = [&](const ArmRef& x, const ArmRef& y, const std::vector<std::uint64_t>& seeds) {
       std::vector<double> d;
       for (std::uint64_t s : seeds) {
@@ -808,9 +1313,9 @@ std::vector<ClaimResult> evaluate(const Plan& plan, const std::map<std::string, 
       case ClaimTest::spread_ratio: {
         std::vector<double> a, b;
         for (std::uint64_t s : plan.group_of(claim.a, claim.id).seeds)
-          if (const RunResult* r = result_of(claim.a, s)) a.push_back(r->valid_ppl);
+          if (const RunResult* r = result_of(claim.a, s); r && !r->diverged()) a.push_back(r->valid_ppl);
         for (std::uint64_t s : plan.group_of(claim.b, claim.id).seeds)
-          if (const RunResult* r = result_of(claim.b, s)) b.push_back(r->valid_ppl);
+          if (const RunResult* r = result_of(claim.b, s); r && !r->diverged()) b.push_back(r->valid_ppl);
         cr.seeds = seeds_with(claim.a, claim.b);
         const Estimate ea = mean_ci(a), eb = mean_ci(b);
         cr.estimate.n = std::min(ea.n, eb.n);
@@ -839,6 +1344,26 @@ std::vector<ClaimResult> evaluate(const Plan& plan, const std::map<std::string, 
                        "'s final valid ppl / the tokens " + claim.a.text() + " trained on";
         break;
       }
+      case ClaimTest::tokens_to_match: {
+        cr.seeds = seeds_of(arms);
+        for (std::uint64_t s : cr.seeds) {
+          const RunResult* a = result_of(claim.a, s);
+          std::vector<std::pair<double, double>> points;  // (log tokens, log final valid ppl) of the ladder
+          for (const ArmRef& l : claim.ladder) {
+            const RunResult* r = result_of(l, s);
+            points.emplace_back(std::log(static_cast<double>(r->tokens)), std::log(r->valid_ppl));
+          }
+          bool censored = false;
+          const double t = log_tokens_to_match(points, std::log(a->valid_ppl), censored);
+          cr.censored += censored;
+          cr.values.push_back(std::exp(t) / static_cast<double>(a->tokens));
+        }
+        cr.estimate = mean_ci(cr.values);
+        cr.statistic = "tokens " + claim.ladder.front().variant + " (each budget its own full schedule) needs to match " +
+                       claim.a.text() + "'s final valid ppl / the tokens " + claim.a.text() +
+                       " trained on; interpolated in log tokens between budgets";
+        break;
+      }
       case ClaimTest::shift: {
         const auto s1 = seeds_with(claim.a, claim.b), s2 = seeds_with(claim.c, claim.d);
         cr.seeds = s1;
@@ -853,6 +1378,7 @@ std::vector<ClaimResult> evaluate(const Plan& plan, const std::map<std::string, 
     }
     cr.a_ppl = mean_ppl(claim.a, cr.seeds);
     cr.b_ppl = mean_ppl(claim.b, cr.seeds);
+    cr.diverged = static_cast<int>(diverged_seeds.size());
     const Estimate& e = cr.estimate;
     if (e.n < 2) {
       cr.verdict = "pending";
@@ -863,6 +1389,7 @@ std::vector<ClaimResult> evaluate(const Plan& plan, const std::map<std::string, 
         case ClaimTest::shift: cr.verdict = e.lo > 0 ? "reproduced" : e.hi < 0 ? "contradicted" : "inconclusive"; break;
         case ClaimTest::spread_ratio:
         case ClaimTest::tokens_to_target:
+        case ClaimTest::tokens_to_match:
           cr.verdict = e.lo > 1 ? "reproduced" : e.hi < 1 ? "contradicted" : "inconclusive";
           break;
         case ClaimTest::equivalent:

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ enum class ClaimTest {
   spread_ratio,      ///< a's seed standard deviation over b's, with an F interval; paper: ratio > 1
   tokens_to_target,  ///< tokens b's curve needs to reach a's final validation perplexity, / a's tokens
   shift,             ///< (change of a vs b) - (change of c vs d): the paper says > 0 (Welch interval)
+  tokens_to_match,   ///< tokens the `ladder` arms (one variant, growing budgets, each its own full
+                     ///< schedule) need to reach a's final validation perplexity, / a's tokens:
+                     ///< interpolated in log tokens between the final perplexities; the paper: > 1
 };
 const char* to_string(ClaimTest t);
 
@@ -64,15 +68,63 @@ struct Claim {
   std::string id, title;
   std::string paper;  ///< the paper's figure, quoted in the report
   ClaimTest test = ClaimTest::better;
-  ArmRef a, b, c, d;  ///< c, d: shift only
+  ArmRef a, b, c, d;  ///< c, d: shift only; b: tokens_to_match's first ladder arm
+  std::vector<ArmRef> ladder;  ///< tokens_to_match: the arms at growing budgets
   double margin = 1.0;  ///< equivalent: percent
+};
+
+/// A decision the plan's own rule makes from finished runs, so that a plan states before any run
+/// what it will pick (docs/reproduction.md, "Plans that choose"). A group uses it as a variant
+/// "$name" or "$name:N" (kind variant) or as a flag value "$name" in its "set" (kind flag).
+struct Choice {
+  enum class Kind { variant, flag };
+  std::string name;
+  Kind kind = Kind::variant;
+  /// variant: the one group read; flag: the groups of the sweep (each sets `flag`)
+  std::vector<std::string> groups;
+  std::vector<std::string> among;  ///< variant: the candidate labels of the group
+  std::string flag;                ///< flag: the flag chosen per variant label ("lr")
+  // ---- resolved (resolve()): the candidate (variant) or group (flag) with the lowest mean final
+  // validation loss over the seeds of its group, every run of the candidates finished (a diverged
+  // run counts as infinitely bad); ties go to the first listed.
+  bool resolved = false;                   ///< variant: the value is known
+  std::string value;                       ///< variant: the chosen label ("newton-leapfrog")
+  std::map<std::string, std::string> per_label;  ///< flag: variant label -> the chosen group's value
+  std::map<std::string, std::string> per_label_group;  ///< flag: variant label -> the chosen group
+  /// What the rule saw: (label or "group label") -> mean final validation loss and seeds.
+  std::map<std::string, std::pair<double, int>> scores;
 };
 
 struct Group {
   std::string name;
-  std::vector<VariantSpec> variants;
+  std::vector<VariantSpec> variants;  ///< a choice's variant until resolved: label "$best", attention ""
   std::vector<std::uint64_t> seeds;
   std::map<std::string, std::string> set;  ///< flag overrides of this group (on top of the defaults)
+  // ---- choices (Choice): the runs of a group that uses one exist once it is resolved
+  std::vector<std::string> variant_choice;  ///< per variant: the choice it names, or ""
+  /// flag -> the choice that gives its value: "name" (the run's own label's value) or "name:label"
+  std::map<std::string, std::string> set_choice;
+  bool expanded = false;  ///< its runs are in Plan::runs
+  TrainOptions base;       ///< its options before the variant, seed and choices
+  std::set<std::string> given;  ///< flags given explicitly (validate_explicit)
+  /// The choices it waits for (empty once expanded).
+  std::vector<std::string> waiting_for(const std::vector<Choice>& choices) const;
+};
+
+/// "name:label" -> {name, label}; "name" -> {name, ""}.
+std::pair<std::string, std::string> split_choice_ref(const std::string& ref);
+
+/// A figure of the report (kind "change": the paired % change of each pair's a vs b; kind "ppl":
+/// each arm's mean final validation perplexity), with 95% intervals, against x: "parameters",
+/// "tokens", or a flag's value (e.g. "lr"). One panel per series, each on its own scale.
+struct Figure {
+  std::string id, title, kind, x;
+  struct Series {
+    std::string label;
+    std::vector<std::pair<ArmRef, ArmRef>> pairs;  ///< change: (a, b); ppl: (arm, unused)
+  };
+  std::vector<Series> series;
+  bool log_x = false;
 };
 
 struct Plan {
@@ -88,6 +140,13 @@ struct Plan {
   std::vector<Claim> claims;
   std::map<std::string, std::size_t> arms;  ///< "group/variant#seed" -> index in runs
   std::map<std::string, std::size_t> group_index;  ///< group name -> index in groups
+  std::vector<Choice> choices;
+  std::vector<Figure> figures;
+  std::map<std::string, std::size_t> run_index;  ///< identity -> index in runs
+
+  const Choice* choice(const std::string& name) const;
+  /// What an arm's label stands for: "$best-3c" -> "$best-3c (newton-leapfrog)" once resolved.
+  std::string shown_label(const ArmRef& arm) const;
 
   /// The run of group/variant with this seed, or nullptr.
   const RunSpec* find(const ArmRef& arm, std::uint64_t seed) const;
@@ -102,6 +161,16 @@ struct Plan {
 Plan load_plan(const std::string& path, const std::map<std::string, std::string>& overrides = {});
 Plan parse_plan(const std::string& text, const std::string& source,
                 const std::map<std::string, std::string>& overrides = {});
+
+class Store;
+/// Resolves every choice whose runs are finished and adds the runs of the groups that waited for
+/// it, until nothing changes (the store re-reads its folder's results for the new runs). Returns
+/// the number of runs added.
+std::size_t resolve(Plan& plan, Store& store);
+
+/// Whether shard i of n (1-based) trains a run: by its id, so that a run's shard does not depend on
+/// which choices were resolved when the plan was read.
+bool in_shard(const RunSpec& run, std::pair<int, int> shard);
 
 /// Dynamics diagnostics of one layer (LayerDynamics, stored).
 struct LayerDiagnostics {
@@ -120,7 +189,12 @@ struct RunResult {
   std::string device, machine, date;
   std::vector<CurvePoint> curve;
   std::vector<LayerDiagnostics> dynamics;  ///< per layer; empty for standard attention
+  std::vector<DynamicsPoint> dynamics_curve;  ///< the same at every evaluation (empty in older results)
+  /// The step whose loss was not finite (the trainer stopped there), 0 for a finished run; its
+  /// perplexities are then NaN ("null" in the file) and only the stability report uses it.
+  Index diverged_at = 0;
   std::string file;  ///< where it was read from (not stored)
+  bool diverged() const { return diverged_at > 0; }
 };
 std::string to_json(const RunResult& r);
 RunResult result_from_json(const std::string& text, const std::string& source);
@@ -140,6 +214,10 @@ class Store {
   /// Finished runs by id (the plan's runs only).
   const std::map<std::string, RunResult>& results() const { return results_; }
   const std::vector<std::string>& orphans() const { return orphans_; }
+  /// Matches the folder's results against the plan's runs again (after resolve() added runs).
+  void refresh();
+  /// Reads the folder again (results other processes saved meanwhile), then refresh().
+  void reload();
   bool done(const RunSpec& run) const { return results_.count(run.id) > 0; }
   /// Writes a result atomically (temporary file + rename) and records it.
   void save(const RunResult& r);
@@ -150,6 +228,7 @@ class Store {
  private:
   const Plan& plan_;
   std::string dir_;
+  std::map<std::string, RunResult> all_;  ///< every result of the folder, by id
   std::map<std::string, RunResult> results_;
   std::vector<std::string> orphans_;
 };
@@ -182,10 +261,18 @@ struct ClaimResult {
   Estimate estimate;                 ///< mean and 95% interval of the claim's statistic
   double a_ppl = 0, b_ppl = 0;       ///< mean final validation perplexity of a and b over `seeds`
   int runs_needed = 0, runs_done = 0;
+  int censored = 0;                  ///< tokens_to_match: seeds whose crossing lies outside the ladder (extrapolated)
+  int diverged = 0;                  ///< seeds left out because one of their runs diverged
   std::vector<std::string> versions;  ///< code versions of the runs used
   std::string verdict;               ///< reproduced, contradicted, inconclusive, pending
   std::string statistic;             ///< what the estimate is, in words
 };
+
+/// The log tokens at which log final perplexity reaches `target` along budgets (log tokens, log
+/// ppl), growing: linear between the two budgets that bracket it; outside them extrapolated along
+/// the nearest segment (never inside the ladder) and `censored` set (the largest budget itself
+/// when the last two do not improve: a lower bound).
+double log_tokens_to_match(const std::vector<std::pair<double, double>>& points, double target, bool& censored);
 
 /// Evaluates every claim on the finished runs.
 std::vector<ClaimResult> evaluate(const Plan& plan, const std::map<std::string, RunResult>& results);

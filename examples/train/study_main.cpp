@@ -101,17 +101,36 @@ std::string results_dir(const Common& c, const cs::Plan& plan) {
   return (fs::path(c.plan_path).parent_path() / "results" / plan.name).string();
 }
 
-/// The runs this process is responsible for (its shard), in plan order.
-std::vector<const cs::RunSpec*> shard_runs(const cs::Plan& plan, std::pair<int, int> shard) {
-  std::vector<const cs::RunSpec*> out;
-  for (std::size_t i = 0; i < plan.runs.size(); ++i)
-    if (static_cast<int>(i % static_cast<std::size_t>(shard.second)) == shard.first - 1) out.push_back(&plan.runs[i]);
+/// The runs this process is responsible for (its shard), in plan order, as indices into plan.runs
+/// (which grows as choices are resolved), from index `from` on.
+std::vector<std::size_t> shard_runs(const cs::Plan& plan, std::pair<int, int> shard, std::size_t from = 0) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = from; i < plan.runs.size(); ++i)
+    if (cs::in_shard(plan.runs[i], shard)) out.push_back(i);
   return out;
 }
 
+/// "group g waits for choice(s) x, y" lines of the groups whose runs do not exist yet.
+void print_waiting(const cs::Plan& plan) {
+  for (const cs::Group& g : plan.groups) {
+    const auto w = g.waiting_for(plan.choices);
+    if (w.empty()) continue;
+    std::string list;
+    for (const auto& n : w) list += (list.empty() ? "" : ", ") + n;
+    std::cout << "  group " << g.name << ": waits for choice " << list << " (" << g.seeds.size() * g.variants.size()
+              << " runs once made)\n";
+  }
+  for (const cs::Choice& ch : plan.choices) {
+    if (ch.kind == cs::Choice::Kind::variant && ch.resolved) std::cout << "  choice " << ch.name << " = " << ch.value << "\n";
+    for (const auto& [label, value] : ch.per_label)
+      std::cout << "  choice " << ch.name << " for " << label << " = " << value << " (group " << ch.per_label_group.at(label) << ")\n";
+  }
+}
+
 int status(const Common& c) {
-  const cs::Plan plan = load(c);
-  const cs::Store store(plan, results_dir(c, plan));
+  cs::Plan plan = load(c);
+  cs::Store store(plan, results_dir(c, plan));
+  cs::resolve(plan, store);
   std::map<std::string, int> versions;
   for (const auto& [id, r] : store.results()) versions[r.code_version]++;
   std::cout << "plan " << plan.name << " (" << plan.path << "): " << store.results().size() << " of " << plan.runs.size()
@@ -119,7 +138,9 @@ int status(const Common& c) {
   double left = 0;
   bool unknown = false;
   const Speeds speeds(plan, store);
+  print_waiting(plan);
   for (const cs::Group& g : plan.groups) {
+    if (!g.expanded) continue;
     int done = 0, total = 0;
     for (std::uint64_t s : g.seeds)
       for (const cs::VariantSpec& v : g.variants) {
@@ -145,8 +166,9 @@ int status(const Common& c) {
 }
 
 int report(const Common& c, const std::string& out, int argc, char** argv) {
-  const cs::Plan plan = load(c);
-  const cs::Store store(plan, results_dir(c, plan));
+  cs::Plan plan = load(c);
+  cs::Store store(plan, results_dir(c, plan));
+  cs::resolve(plan, store);
   cs::ReportOptions o;
   o.out = out;
   o.command = "build/examples/train/coupledqk-study run " + ct::shell_quote(plan.path) + "\n";
@@ -163,10 +185,18 @@ int report(const Common& c, const std::string& out, int argc, char** argv) {
 }
 
 int merge(const Common& c, const std::vector<std::string>& dirs) {
-  const cs::Plan plan = load(c);
+  cs::Plan plan = load(c);
   cs::Store store(plan, results_dir(c, plan));
+  cs::resolve(plan, store);
   for (const std::string& d : dirs) {
-    const auto [copied, present] = store.merge(d);
+    // Results of runs that exist once a choice is resolved are copied in further rounds.
+    int copied = 0, present = 0;
+    for (;;) {
+      const auto [c1, p1] = store.merge(d);
+      copied += c1;
+      present = p1;
+      if (c1 == 0 || cs::resolve(plan, store) == 0) break;
+    }
     std::cout << "merged " << d << ": " << copied << " results copied, " << present << " already here\n";
   }
   return 0;
@@ -205,24 +235,40 @@ bool train_one(const cs::Plan& plan, cs::Store& store, const cs::RunSpec& run, c
   const std::string key = ct::corpus_key(o.corpus) + "|" + std::to_string(o.vocab) + "|" + o.cache_dir;
   auto& data = data_cache[key];
   if (!data) data = std::make_unique<ct::TrainData>(ct::prepare_data(o));
+  // the dynamics diagnostics on the first validation windows at every evaluation (the last: the
+  // final parameters)
+  o.dynamics_probe_windows = f.diagnostic_windows;
   ct::Progress progress(o.progress, run.title());
   if (o.resume) progress.message("resuming " + run.title() + " from its checkpoint");
-  out = ct::train(o, *data, progress);
-  if (out.interrupted || out.stopped_early) return false;
-
-  // dynamics diagnostics on the first validation windows, with the final parameters
-  const ct::Checkpoint ckpt = ct::read_checkpoint(o.checkpoint);
-  const std::unique_ptr<ct::Model> model = ct::load_model(ckpt);
-  const auto& valid = data->streams.valid;
-  const Index T = o.seq, windows = std::min<Index>(f.diagnostic_windows, static_cast<Index>(valid.size()) / T);
   cs::RunResult r;
-  if (windows > 0) {
-    coupledqk::Tape<float> tape;
-    const std::vector<std::int32_t> tokens(valid.begin(), valid.begin() + windows * T);
-    for (const coupledqk::LayerDynamics& d :
-         model->dynamics_diagnostics(tape, coupledqk::TokenSpan{tokens.data(), static_cast<Index>(tokens.size())}, windows))
-      if (!d.tau.empty()) r.dynamics.push_back(cs::LayerDiagnostics{d.tau, d.q_displacement, d.k_displacement});
+  try {
+    out = ct::train(o, *data, progress);
+  } catch (const coupledqk::runtime_error& e) {
+    // A loss that is not finite ends the run, not the study: stored as diverged (the stability
+    // report lists it; claims leave its seed out and say so). Anything else is an error.
+    const std::string what = e.what();
+    const std::string marker = "training diverged at step ";
+    const auto at = what.find(marker);
+    if (at == std::string::npos) throw;
+    r.diverged_at = std::strtoll(what.c_str() + at + marker.size(), nullptr, 10);
+    if (r.diverged_at <= 0) throw;
+    progress.message(run.title() + ": " + what + "; stored as diverged");
+    out.valid_loss = out.valid_ppl = out.test_loss = out.test_ppl = std::nan("");
+    out.tokens_seen = (r.diverged_at - 1) * o.batch * o.seq;
+    out.total_steps = (ct::effective_budget_tokens(o) + o.batch * o.seq - 1) / (o.batch * o.seq);
+    std::error_code ec;
+    if (fs::exists(o.checkpoint, ec)) {  // what was measured before it diverged
+      const ct::Checkpoint ck = ct::read_checkpoint(o.checkpoint);
+      out.curve = ck.info.state.curve;
+      out.dynamics = ck.info.state.dynamics;
+      out.train_seconds = ck.info.state.elapsed;
+    }
   }
+  if (!r.diverged() && (out.interrupted || out.stopped_early)) return false;
+  if (!out.dynamics.empty())
+    for (const coupledqk::LayerDynamics& d : out.dynamics.back().layers)
+      r.dynamics.push_back(cs::LayerDiagnostics{d.tau, d.q_displacement, d.k_displacement});
+  r.dynamics_curve = out.dynamics;
   r.plan = plan.name;
   r.id = run.id;
   r.identity = run.identity;
@@ -295,27 +341,34 @@ int run(const Common& c, const RunFlags& f) {
     if (fs::exists(f.work, ec) && !fs::is_directory(f.work, ec))
       throw coupledqk::invalid_argument("--work '" + f.work + "' exists and is not a folder");
   }
-  const cs::Plan plan = load(c);
+  cs::Plan plan = load(c);
   cs::Store store(plan, results_dir(c, plan));
-  const std::vector<const cs::RunSpec*> mine = shard_runs(plan, shard);
-  std::vector<const cs::RunSpec*> todo;
+  cs::resolve(plan, store);
+  // Runs are indices into plan.runs: it grows when a finished run resolves a choice.
+  std::vector<std::size_t> todo;
   std::map<std::string, int> other_versions;
-  for (const cs::RunSpec* r : mine) {
-    if (!store.done(*r)) {
-      todo.push_back(r);
-      continue;
+  std::size_t total = 0;
+  auto take = [&](std::size_t from) {
+    for (std::size_t i : shard_runs(plan, shard, from)) {
+      const cs::RunSpec& r = plan.runs[i];
+      ++total;
+      if (!store.done(r)) {
+        todo.push_back(i);
+        continue;
+      }
+      const std::string& v = store.results().at(r.id).code_version;
+      if (v != cs::code_version()) {
+        other_versions[v]++;
+        if (f.rerun_other_versions) todo.push_back(i);
+      }
     }
-    const std::string& v = store.results().at(r->id).code_version;
-    if (v != cs::code_version()) {
-      other_versions[v]++;
-      if (f.rerun_other_versions) todo.push_back(r);
-    }
-  }
-  const std::size_t total = mine.size();
+  };
+  take(0);
   std::size_t done = total - todo.size();
   std::cout << "plan " << plan.name << ": " << plan.runs.size() << " runs";
   if (shard.second > 1) std::cout << ", shard " << shard.first << "/" << shard.second << ": " << total;
   std::cout << "; " << done << " finished, " << todo.size() << " to run; results in " << store.dir() << std::endl;
+  print_waiting(plan);
   for (const auto& [v, n] : other_versions)
     std::cout << "note: " << n << " stored results come from code version " << v << " (this build: "
               << cs::code_version() << "); "
@@ -324,8 +377,8 @@ int run(const Common& c, const RunFlags& f) {
                                            "trains them again")
               << std::endl;
   // Every run's options are checked before anything trains (unknown names, sizes, devices).
-  for (const cs::RunSpec* r : todo) {
-    ct::TrainOptions o = r->options;
+  for (std::size_t i : todo) {
+    ct::TrainOptions o = plan.runs[i].options;
     o.threads = 1;
     ct::validate(o);
   }
@@ -337,13 +390,14 @@ int run(const Common& c, const RunFlags& f) {
   ct::install_interrupt_handler();
   std::map<std::string, std::unique_ptr<ct::TrainData>> data_cache;
   int ran = 0;
-  for (const cs::RunSpec* r : todo) {
+  for (std::size_t k = 0; k < todo.size(); ++k) {
+    const cs::RunSpec* r = &plan.runs[todo[k]];
     double left = 0;
     bool unknown = false;
     const Speeds speeds(plan, store);
-    for (const cs::RunSpec* x : todo)
-      if (!store.done(*x) || x == r) {
-        const double e = speeds.estimate(*x);
+    for (std::size_t x : todo)
+      if (!store.done(plan.runs[x]) || x == todo[k]) {
+        const double e = speeds.estimate(plan.runs[x]);
         left += e;
         unknown |= e <= 0;
       }
@@ -376,6 +430,20 @@ int run(const Common& c, const RunFlags& f) {
               << std::setprecision(3) << res.valid_ppl << ", test ppl " << res.test_ppl << ", "
               << std::setprecision(0) << res.tokens_per_s << " tokens/s, " << std::setprecision(1) << res.wall_seconds
               << " s" << std::defaultfloat << std::endl;
+    // A finished run may resolve a choice (and another shard's results may have landed meanwhile).
+    const std::size_t known = plan.runs.size();
+    store.reload();
+    if (cs::resolve(plan, store) > 0) {
+      const std::size_t before = todo.size();
+      take(known);
+      std::cout << "choices resolved: " << todo.size() - before << " new runs for this process" << std::endl;
+      print_waiting(plan);
+      for (std::size_t i = before; i < todo.size(); ++i) {
+        ct::TrainOptions o = plan.runs[todo[i]].options;
+        o.threads = 1;
+        ct::validate(o);
+      }
+    }
   }
   std::cout << "all " << total << " runs " << (shard.second > 1 ? "of this shard " : "") << "finished; "
             << "coupledqk-study report " << ct::shell_quote(plan.path) << " writes the report" << std::endl;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -725,7 +726,13 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
   auto step_loss = [&](const std::vector<std::int32_t>& tk, const std::vector<std::int32_t>& tg) -> float {
     if (dev) return dev->step_loss(tk, tg, Bl);
     model->zero_grad();
-    return model->loss(tape, tk, tg, Bl);
+    // An activation that overflowed to inf / NaN inside the forward (the layers refuse non-finite
+    // inputs) is the loss diverging: the caller's check reports it, on every rank alike.
+    try {
+      return model->loss(tape, tk, tg, Bl);
+    } catch (const non_finite_error&) {
+      return std::numeric_limits<float>::quiet_NaN();
+    }
   };
   const BatchLoss eval_loss = [&](TokenSpan tk, TokenSpan tg, Index nb) -> float {
     return dev ? dev->evaluate(tk, tg, nb) : model->evaluate(tape, tk, tg, nb);
@@ -844,6 +851,26 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
   if (dev) dev->from_host(*model, &opt);  // parameters (restored or initial) and the optimiser state
   r.start_step = state.step;
   r.curve = state.curve;
+  r.dynamics = state.dynamics;
+  // The dynamics' diagnostics at an evaluation (dynamics_probe_windows): a forward pass on the
+  // first validation windows that touches neither the parameters nor the sampler.
+  const Index probe_windows =
+      dev ? 0 : std::min<Index>(o.dynamics_probe_windows, static_cast<Index>(data.streams.valid.size()) / T);
+  std::vector<std::int32_t> probe_tokens;
+  if (probe_windows > 0)
+    probe_tokens.assign(data.streams.valid.begin(), data.streams.valid.begin() + probe_windows * T);
+  auto probe = [&]() {
+    if (probe_windows <= 0) return;
+    DynamicsPoint d{state.step, state.tokens_seen, {}};
+    for (LayerDynamics& l :
+         model->dynamics_diagnostics(tape, TokenSpan{probe_tokens.data(), static_cast<Index>(probe_tokens.size())},
+                                     probe_windows))
+      if (!l.tau.empty()) d.layers.push_back(std::move(l));
+    if (d.layers.empty()) return;  // no block has dynamics
+    if (!r.dynamics.empty() && r.dynamics.back().step == state.step) r.dynamics.pop_back();
+    r.dynamics.push_back(std::move(d));
+  };
+  if (state.step == 0) probe();  // where the map starts
 
   CheckpointInfo info;
   info.run = run;
@@ -859,6 +886,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
     state.sampler = sampler.state();
     state.elapsed = elapsed_before + (now_seconds() - session_start);
     state.curve = r.curve;
+    state.dynamics = r.dynamics;
     info.state = state;
     if (dev) dev->to_host(*model, opt);  // the checkpoint holds the host model and optimiser
     write_checkpoint(o.checkpoint, *model, opt, data.tokenizer_bytes, info);
@@ -902,6 +930,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
     if (o.eval_every > 0 && state.step % o.eval_every == 0 && state.step < total_steps) {
       const Perplexity p = evaluate(data.streams.valid, o.eval_tokens);
       r.curve.push_back(CurvePoint{state.step, state.tokens_seen, p.loss, p.ppl});
+      probe();
       const EvalMetrics e{state.step, state.tokens_seen, "valid", p.tokens, p.loss, p.ppl,
                           elapsed_before + (now_seconds() - session_start)};
       progress.eval(e);
@@ -955,6 +984,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
     const Perplexity c = capped ? evaluate(data.streams.valid, o.eval_tokens) : v;
     if (!r.curve.empty() && r.curve.back().step == state.step) r.curve.pop_back();
     r.curve.push_back(CurvePoint{state.step, state.tokens_seen, c.loss, c.ppl});
+    probe();
     const double el = elapsed_before + (now_seconds() - session_start);
     const EvalMetrics ev{state.step, state.tokens_seen, "valid", v.tokens, v.loss, v.ppl, el};
     const EvalMetrics et{state.step, state.tokens_seen, "test", t.tokens, t.loss, t.ppl, el};

@@ -93,6 +93,11 @@ struct TrainOptions {
   std::string metrics;        ///< JSON-lines file (appended to when resuming)
   Index stop_after_steps = 0; ///< stop as if interrupted once this many steps are done (checkpoint written)
   ProgressMode progress = ProgressMode::automatic;
+  // ---- diagnostics (not flags: they change what is measured, never what is trained)
+  /// At every evaluation, the dynamics diagnostics (Gpt::dynamics_diagnostics) of the first this
+  /// many validation windows of length seq, into TrainResult::dynamics (and the checkpoint, so a
+  /// resumed run keeps them); 0: none. Host models only (not --device cuda).
+  Index dynamics_probe_windows = 0;
 };
 
 /// The token budget in effect: budget_tokens, or Defaults::budget_tokens when neither budget is set.
@@ -201,6 +206,7 @@ struct TrainResult {
   double train_seconds = 0;          ///< training time, all sessions (RunState::elapsed)
   double wall_seconds = 0;           ///< this session, evaluations and checkpoints included
   std::vector<CurvePoint> curve;     ///< (tokens seen, valid ppl): periodic evaluations, then the final one
+  std::vector<DynamicsPoint> dynamics;  ///< at the same evaluations, when TrainOptions::dynamics_probe_windows > 0
 };
 
 /// Installs a SIGINT / SIGTERM handler after which train() stops at the end of the current step,

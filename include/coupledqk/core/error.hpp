@@ -16,6 +16,13 @@ class invalid_argument : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/// A non-finite value where only finite ones are accepted (require_finite): bad input to a layer,
+/// or, inside training, activations that overflowed (the trainer reports the loss as diverged).
+class non_finite_error : public invalid_argument {
+ public:
+  using invalid_argument::invalid_argument;
+};
+
 /// Raised when a file cannot be read or written, or its content is not what was expected.
 class io_error : public std::runtime_error {
  public:

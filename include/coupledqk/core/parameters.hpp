@@ -151,8 +151,9 @@ void require_finite(const Dense& m, const char* what) {
   for (Index r = 0; r < m.rows(); ++r)
     for (Index c = 0; c < m.cols(); ++c) {
       const auto v = m(r, c);
-      require(std::isfinite(v), what, " holds a non-finite value (", v, ") at row ", r, ", column ",
-              c, "; only finite inputs are accepted");
+      if (!std::isfinite(v))
+        throw non_finite_error(detail::concat(what, " holds a non-finite value (", v, ") at row ", r, ", column ", c,
+                                              "; only finite inputs are accepted"));
     }
 }
 
