@@ -576,7 +576,8 @@ Plan parse_plan(const std::string& text, const std::string& source,
   const std::string where = "plan '" + source + "'";
   const json j = io::read_json<invalid_argument>(text, where, plan_limits);
   if (!j.is_object()) throw invalid_argument(where + ": expected a JSON object at the top; got " + j.type_name());
-  check_keys(j, {"plan", "description", "notes", "threads", "defaults", "groups", "claims", "cpu_time", "choices", "figures"},
+  check_keys(j, {"plan", "description", "notes", "threads", "defaults", "groups", "claims", "cpu_time", "choices", "figures",
+                 "summary"},
              where);
   Plan p;
   p.path = source;
@@ -756,6 +757,42 @@ Plan parse_plan(const std::string& text, const std::string& source,
     }
   }
   if (j.contains("figures")) parse_figures(p, j.at("figures"), where);
+  if (j.contains("summary")) {
+    const json& sj = j.at("summary");
+    const std::string sw = where + " summary";
+    if (!sj.is_object()) throw invalid_argument(sw + ": expected an object; got " + shown(sj));
+    check_keys(sj, {"title", "columns", "rows"}, sw);
+    p.summary.title = need_string(sj, "title", sw);
+    const json& cols = need(sj, "columns", sw);
+    if (!cols.is_array() || cols.empty()) throw invalid_argument(sw + ": \"columns\" must be a non-empty array; got " + shown(cols));
+    for (const json& c : cols) {
+      if (!c.is_string() || c.get<std::string>().empty()) throw invalid_argument(sw + ": every column must be a non-empty string; got " + shown(c));
+      p.summary.columns.push_back(c.get<std::string>());
+    }
+    std::set<std::string> ids;
+    for (const Claim& c : p.claims) ids.insert(c.id);
+    const json& rows = need(sj, "rows", sw);
+    if (!rows.is_array() || rows.empty()) throw invalid_argument(sw + ": \"rows\" must be a non-empty array; got " + shown(rows));
+    for (std::size_t ri = 0; ri < rows.size(); ++ri) {
+      const json& rj = rows[ri];
+      const std::string rw = sw + " rows[" + std::to_string(ri) + "]";
+      if (!rj.is_object()) throw invalid_argument(rw + ": expected an object; got " + shown(rj));
+      check_keys(rj, {"label", "claims"}, rw);
+      Summary::Row row;
+      row.label = need_string(rj, "label", rw);
+      const json& cs = need(rj, "claims", rw);
+      if (!cs.is_array() || cs.size() != p.summary.columns.size())
+        throw invalid_argument(rw + ": \"claims\" must be an array of " + std::to_string(p.summary.columns.size()) +
+                               " claim ids or \"\" (one per column); got " + shown(cs));
+      for (const json& c : cs) {
+        if (!c.is_string()) throw invalid_argument(rw + ": every cell must be a claim id or \"\"; got " + shown(c));
+        const std::string id = c.get<std::string>();
+        if (!id.empty() && !ids.count(id)) throw invalid_argument(rw + ": no claim '" + bounded_quote(id) + "' in the plan");
+        row.claims.push_back(id);
+      }
+      p.summary.rows.push_back(std::move(row));
+    }
+  }
   return p;
 }
 

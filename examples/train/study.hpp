@@ -127,6 +127,18 @@ struct Figure {
   bool log_x = false;
 };
 
+/// The report's first table (optional): rows of claims side by side, one column per reading or
+/// setting; a cell names a claim id or is empty.
+struct Summary {
+  std::string title;
+  std::vector<std::string> columns;
+  struct Row {
+    std::string label;
+    std::vector<std::string> claims;  ///< one per column; "" for none
+  };
+  std::vector<Row> rows;
+};
+
 struct Plan {
   std::string name;         ///< "claims-cpu": names the results folder; stored in every result
   std::string path;         ///< the plan file
@@ -142,6 +154,7 @@ struct Plan {
   std::map<std::string, std::size_t> group_index;  ///< group name -> index in groups
   std::vector<Choice> choices;
   std::vector<Figure> figures;
+  Summary summary;  ///< empty title: none
   std::map<std::string, std::size_t> run_index;  ///< identity -> index in runs
 
   const Choice* choice(const std::string& name) const;

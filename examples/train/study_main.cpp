@@ -206,6 +206,7 @@ struct RunFlags {
   double max_minutes = 0;
   int max_runs = 0;
   std::string shard = "1/1";
+  std::vector<std::string> groups;  ///< --group: only the runs these groups list (empty: all)
   int threads = -1;
   bool threads_given = false;  ///< --threads was on the command line (else: the plan's)
   std::string work;
@@ -348,8 +349,24 @@ int run(const Common& c, const RunFlags& f) {
   std::vector<std::size_t> todo;
   std::map<std::string, int> other_versions;
   std::size_t total = 0;
+  // --group: the runs these groups list (a run another group shares is trained once, for both)
+  for (const std::string& g : f.groups)
+    if (!plan.group_index.count(g)) {
+      std::string list;
+      for (const cs::Group& x : plan.groups) list += (list.empty() ? "" : ", ") + x.name;
+      throw coupledqk::invalid_argument("--group '" + ct::bounded_quote(g) + "': the plan has no such group; groups: " + list);
+    }
+  auto wanted = [&](std::size_t i) {
+    if (f.groups.empty()) return true;
+    for (const auto& [key, index] : plan.arms)
+      if (index == i)
+        for (const std::string& g : f.groups)
+          if (key.compare(0, g.size() + 1, g + "/") == 0) return true;
+    return false;
+  };
   auto take = [&](std::size_t from) {
     for (std::size_t i : shard_runs(plan, shard, from)) {
+      if (!wanted(i)) continue;
       const cs::RunSpec& r = plan.runs[i];
       ++total;
       if (!store.done(r)) {
@@ -474,6 +491,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--max-runs", rf.max_runs, "stop after this many runs (0: no limit)");
   run_cmd->add_option("--shard", rf.shard, "run only shard i of n (runs i, i+n, ... in plan order), e.g. 1/2")
       ->capture_default_str();
+  run_cmd->add_option("--group", rf.groups, "train only the runs of this group (repeatable; default: every group)");
   run_cmd->add_option("--threads", rf.threads, "threads per run (default: the plan's; 0: the idle cores)");
   run_cmd->add_option("--work", rf.work, "folder for checkpoints of unfinished runs (default: <cache>/study/<plan>)");
   run_cmd->add_option("--progress", rf.progress, "progress display: auto, bar, lines, off")->capture_default_str();
