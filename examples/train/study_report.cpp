@@ -36,25 +36,93 @@ std::string f(const char* format, double v) {
 std::string show_estimate(const ClaimResult& r) {
   const Estimate& e = r.estimate;
   if (e.n == 0) return "-";
-  const bool percent = r.claim->test != ClaimTest::spread_ratio && r.claim->test != ClaimTest::tokens_to_target;
+  const bool percent = r.claim->test != ClaimTest::spread_ratio && r.claim->test != ClaimTest::tokens_to_target &&
+                       r.claim->test != ClaimTest::tokens_to_match;
   const char* fm = percent ? "%+.2f%%" : "%.2fx";
   const char* fb = percent ? "%+.2f" : "%.2f";
   if (e.n < 2) return f(fm, e.mean) + " (1 seed)";
   return f(fm, e.mean) + " [" + f(fb, e.lo) + ", " + f(fb, e.hi) + "]";
 }
 
-/// The runs of an arm that are finished, by seed.
+/// The runs of an arm that are finished, by seed: those that trained to the end, or (with_diverged)
+/// also those that diverged.
 std::vector<const RunResult*> arm_results(const Plan& plan, const std::map<std::string, RunResult>& results,
-                                          const ArmRef& arm) {
+                                          const ArmRef& arm, bool with_diverged = false) {
   std::vector<const RunResult*> out;
   for (const Group& g : plan.groups)
     if (g.name == arm.group)
       for (std::uint64_t s : g.seeds)
         if (const RunSpec* spec = plan.find(arm, s)) {
           const auto it = results.find(spec->id);
-          if (it != results.end()) out.push_back(&it->second);
+          if (it != results.end() && (with_diverged || !it->second.diverged())) out.push_back(&it->second);
         }
   return out;
+}
+
+/// Text for a plot (gnuplot_string keeps a small alphabet): "$best-3c = drift" -> "best-3c = drift".
+std::string plot_text(std::string s) {
+  s.erase(std::remove(s.begin(), s.end(), '$'), s.end());
+  return s;
+}
+
+/// The arms of a claim, in order.
+std::vector<ArmRef> claim_arms(const Claim& c) {
+  if (c.test == ClaimTest::shift) return {c.a, c.b, c.c, c.d};
+  if (c.test == ClaimTest::tokens_to_match) {
+    std::vector<ArmRef> arms{c.a};
+    arms.insert(arms.end(), c.ladder.begin(), c.ladder.end());
+    return arms;
+  }
+  return {c.a, c.b};
+}
+
+/// Loss spikes and stalls of one run's validation curve (the rules in the plan's notes).
+struct Stability {
+  int spikes = 0;          ///< evaluations whose validation loss is above the previous one's
+  double worst_rise = 0;   ///< the largest such rise, % of the loss
+  bool stalled = false;    ///< < 0.5% improvement over 3 evaluation intervals before the last quarter
+};
+Stability stability_of(const RunResult& r) {
+  Stability s;
+  const auto& c = r.curve;
+  for (std::size_t i = 1; i < c.size(); ++i)
+    if (c[i].loss > c[i - 1].loss) {
+      ++s.spikes;
+      s.worst_rise = std::max(s.worst_rise, 100 * (c[i].loss - c[i - 1].loss) / c[i - 1].loss);
+    }
+  if (!c.empty()) {
+    const double last_quarter = 0.75 * static_cast<double>(c.back().step);
+    for (std::size_t i = 0; i + 3 < c.size(); ++i)
+      if (static_cast<double>(c[i + 3].step) <= last_quarter && c[i + 3].loss > c[i].loss * (1 - 0.005)) s.stalled = true;
+  }
+  return s;
+}
+
+/// The largest mean tau over heads and the largest k displacement of any layer at any evaluation.
+std::pair<double, double> max_tau_force(const RunResult& r) {
+  double tau = 0, force = 0;
+  for (const DynamicsPoint& p : r.dynamics_curve)
+    for (const LayerDynamics& l : p.layers) {
+      double t = 0;
+      for (double x : l.tau) t += x;
+      if (!l.tau.empty()) tau = std::max(tau, t / static_cast<double>(l.tau.size()));
+      force = std::max(force, l.k_displacement);
+    }
+  return {tau, force};
+}
+
+/// x of an arm in a figure: its parameters, its tokens, or the value of a flag in its identity.
+double figure_x(const Plan& plan, const std::string& x, const ArmRef& arm, const std::vector<const RunResult*>& runs) {
+  if (runs.empty()) return std::nan("");
+  if (x == "parameters") return static_cast<double>(runs.front()->parameters);
+  if (x == "tokens") return static_cast<double>(runs.front()->tokens);
+  const std::string key = "\n" + x + "=";
+  const std::string id = "\n" + runs.front()->identity;
+  const auto at = id.find(key);
+  (void)plan;
+  (void)arm;
+  if (at == std::string::npos) return std::nan("");
+  return std::strtod(id.c_str() + at + key.size(), nullptr);
 }
 
 /// Mean and min/max over seeds of the validation curve at each evaluation (points of the first run).
@@ -156,8 +224,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
   std::map<std::string, std::string> claim_plot;  // claim id -> png (relative)
   for (const ClaimResult& cr : claims) {
     const Claim& c = *cr.claim;
-    std::vector<ArmRef> arms{c.a, c.b};
-    if (c.test == ClaimTest::shift) arms = {c.a, c.b, c.c, c.d};
+    const std::vector<ArmRef> arms = claim_arms(c);
     const std::string name = "claim-" + file_safe(c.id);
     const fs::path tsv = stem / (name + ".tsv"), gp = stem / (name + ".gp"), png = stem / (name + ".png");
     std::ofstream data(tsv);
@@ -171,7 +238,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       for (std::size_t i = 0; i < b.tokens.size(); ++i)
         data << f("%.0f", b.tokens[i]) << "\t" << b.mean[i] << "\t" << b.lo[i] << "\t" << b.hi[i] << "\n";
       data << "\n\n";
-      titles.push_back(arm.text() + " (" + std::to_string(runs.size()) + " seeds)");
+      titles.push_back(plot_text(arm.group + "/" + plan.shown_label(arm)) + " (" + std::to_string(runs.size()) + " seeds)");
       ++blocks;
     }
     data.close();
@@ -186,10 +253,11 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       << "\n"
       << "set xlabel 'training tokens'\nset ylabel 'validation perplexity (log scale)'\nset logscale y\nset grid\n"
       << "set key top right\nset format x '%.1s%c'\nset style fill transparent solid 0.18 noborder\n";
-    if (c.test == ClaimTest::tokens_to_target && cr.a_ppl > 0)
+    if ((c.test == ClaimTest::tokens_to_target || c.test == ClaimTest::tokens_to_match) && cr.a_ppl > 0)
       g << "set arrow from graph 0, first " << cr.a_ppl << " to graph 1, first " << cr.a_ppl
-        << " nohead dt 2 lc rgb '#555555'\nset label " << gnuplot_string(c.a.text() + " final") << " at graph 0.02, first "
+        << " nohead dt 2 lc rgb '#555555'\nset label " << gnuplot_string(plot_text(c.a.text()) + " final") << " at graph 0.02, first "
         << cr.a_ppl * 1.02 << "\n";
+    if (blocks > 3) g << "set key outside right top\n";
     g << "plot ";
     for (int i = 0; i < blocks; ++i) {
       const char* col = colours[i % 6];
@@ -304,6 +372,159 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     }
   }
 
+  // the plan's figures: one panel per series, each on its own scale, x from the arms
+  std::vector<std::pair<std::string, std::string>> figure_plots;  // title, png
+  for (const Figure& fig : plan.figures) {
+    const std::string base = "figure-" + file_safe(fig.id);
+    const fs::path tsv = stem / (base + ".tsv"), gp = stem / (base + ".gp"), png = stem / (base + ".png");
+    std::ofstream data(tsv);
+    std::vector<std::pair<std::string, int>> panels;  // label, rows
+    for (const Figure::Series& series : fig.series) {
+      data << "# " << series.label << "\n# x\tmean\tlo\thi\tseeds\n";
+      int rows = 0;
+      for (const auto& [a, b] : series.pairs) {
+        const auto ra = arm_results(plan, results, a);
+        std::vector<double> values;
+        if (fig.kind == "change") {
+          const auto rb = arm_results(plan, results, b);
+          std::map<std::uint64_t, double> bs;
+          for (const RunResult* r : rb) bs[r->seed] = r->valid_ppl;
+          for (const RunResult* r : ra)
+            if (bs.count(r->seed)) values.push_back(100 * (r->valid_ppl - bs[r->seed]) / bs[r->seed]);
+        } else {
+          for (const RunResult* r : ra) values.push_back(r->valid_ppl);
+        }
+        const double x = figure_x(plan, fig.x, a, ra);
+        if (values.empty() || !std::isfinite(x)) continue;
+        const Estimate e = mean_ci(values);
+        data << x << "\t" << e.mean << "\t" << e.lo << "\t" << e.hi << "\t" << e.n << "\n";
+        ++rows;
+      }
+      data << "\n\n";
+      panels.emplace_back(series.label, rows);
+    }
+    data.close();
+    if (std::none_of(panels.begin(), panels.end(), [](const auto& p) { return p.second > 0; })) {
+      fs::remove(tsv, ec);
+      continue;
+    }
+    written.push_back(tsv.string());
+    const int n = static_cast<int>(panels.size());
+    const int cols = n <= 2 ? n : (n <= 4 ? 2 : 3), rows_n = (n + cols - 1) / cols;
+    std::ofstream g(gp);
+    g << "set terminal pngcairo size " << 480 * cols << "," << 340 * rows_n + 40 << " font 'sans,9'\nset output '"
+      << png.filename().string() << "'\nset multiplot layout " << rows_n << "," << cols << " title "
+      << gnuplot_string(fig.title + " (mean, 95% CI)") << "\nset grid\nset key off\n"
+      << (fig.log_x ? "set logscale x\n" : "") << "set xlabel " << gnuplot_string(fig.x) << "\nset ylabel "
+      << gnuplot_string(fig.kind == "change" ? "change of valid ppl vs b (%)" : "final valid ppl") << "\n"
+      << "set offsets graph 0.08, graph 0.08, graph 0.05, graph 0.05\n";
+    for (int i = 0; i < n; ++i) {
+      g << "set title " << gnuplot_string(panels[static_cast<std::size_t>(i)].first) << "\n";
+      if (panels[static_cast<std::size_t>(i)].second == 0) {
+        g << "unset arrow\nset label 1 'no finished runs yet' at graph 0.3, graph 0.5\nplot [1:2] [0:1] NaN notitle\nunset label 1\n";
+        continue;
+      }
+      g << (fig.kind == "change" ? "set arrow 1 from graph 0, first 0 to graph 1, first 0 nohead lc rgb '#000000'\n"
+                                 : "unset arrow 1\n")
+        << "plot '" << tsv.filename().string() << "' index " << i << " using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '"
+        << colours[i % 6] << "' notitle\n";
+    }
+    g << "unset multiplot\n";
+    g.close();
+    written.push_back(gp.string());
+    if (gnuplot) {
+      if (run_gnuplot(gp)) {
+        figure_plots.emplace_back(fig.title, plots_rel + "/" + base + ".png");
+        written.push_back(png.string());
+      } else {
+        plot_failures.push_back(gp.string());
+      }
+    }
+  }
+
+  // the dynamics over training: per layer, |q'-q|/|q|, |k'-k|/|k| and mean tau against tokens,
+  // mean over seeds, one panel per quantity and layer, one line per arm
+  std::string dynamics_plot;
+  {
+    std::vector<std::pair<std::string, std::vector<const RunResult*>>> arms;  // arms with diagnostics over training
+    std::set<std::string> seen_runs;
+    for (const Group& g : plan.groups)
+      for (const VariantSpec& v : g.variants) {
+        const ArmRef arm{g.name, v.label};
+        auto runs = arm_results(plan, results, arm);
+        runs.erase(std::remove_if(runs.begin(), runs.end(), [](const RunResult* r) { return r->dynamics_curve.empty(); }),
+                   runs.end());
+        if (runs.empty() || g.name != plan.groups.front().name) continue;  // the first group: the main comparison
+        arms.emplace_back(plot_text(arm.group + "/" + plan.shown_label(arm)), runs);
+      }
+    std::size_t layers = 0;
+    for (const auto& [label, runs] : arms)
+      for (const RunResult* r : runs)
+        for (const DynamicsPoint& p : r->dynamics_curve) layers = std::max(layers, p.layers.size());
+    if (!arms.empty() && layers > 0) {
+      const fs::path tsv = stem / "dynamics.tsv", gp = stem / "dynamics.gp", png = stem / "dynamics.png";
+      std::ofstream data(tsv);
+      for (const auto& [label, runs] : arms) {
+        data << "# " << label << " (" << runs.size() << " seeds)\n# tokens";
+        for (std::size_t l = 0; l < layers; ++l) data << "\tq" << l << "\tk" << l << "\ttau" << l;
+        data << "\n";
+        const auto& first = runs.front()->dynamics_curve;
+        for (std::size_t i = 0; i < first.size(); ++i) {
+          data << first[i].tokens;
+          for (std::size_t l = 0; l < layers; ++l) {
+            double q = 0, k = 0, t = 0;
+            int n = 0;
+            for (const RunResult* r : runs)
+              if (i < r->dynamics_curve.size() && l < r->dynamics_curve[i].layers.size()) {
+                const LayerDynamics& d = r->dynamics_curve[i].layers[l];
+                q += d.q_displacement;
+                k += d.k_displacement;
+                double tau = 0;
+                for (double x : d.tau) tau += x;
+                t += d.tau.empty() ? 0 : tau / static_cast<double>(d.tau.size());
+                ++n;
+              }
+            data << "\t" << (n ? q / n : 0) << "\t" << (n ? k / n : 0) << "\t" << (n ? t / n : 0);
+          }
+          data << "\n";
+        }
+        data << "\n\n";
+      }
+      data.close();
+      written.push_back(tsv.string());
+      std::ofstream g(gp);
+      const std::size_t cols = 3, rows_n = layers;
+      g << "set terminal pngcairo size 1500," << 320 * rows_n + 110 << " font 'sans,9'\nset output '" << png.filename().string()
+        << "'\nset multiplot layout " << rows_n << "," << cols << " title "
+        << gnuplot_string("Dynamics over training (" + arms.front().second.front()->group +
+                          " group; mean over seeds, on the first validation windows)")
+        << "\nset grid\nset xlabel 'training tokens'\nset format x '%.1s%c'\n";
+      const char* what[] = {"|q' - q| / |q|", "|k' - k| / |k| (3c: the force's impulse / |k|)", "tau (mean over heads)"};
+      for (std::size_t l = 0; l < layers; ++l)
+        for (std::size_t qty = 0; qty < 3; ++qty) {
+          g << "set title " << gnuplot_string("layer " + std::to_string(l) + ": " + what[qty]) << "\n";
+          const bool legend = l == 0 && qty == 2;
+          g << (legend ? "set key outside right top\n" : "set key off\n") << "plot ";
+          for (std::size_t a = 0; a < arms.size(); ++a)
+            g << (a ? ", \\\n     " : "") << "'" << tsv.filename().string() << "' index " << a << " using 1:"
+              << 2 + 3 * l + qty << " with linespoints pt 7 ps 0.4 lw 2 lc rgb '" << colours[a % 6] << "'"
+              << (a >= 6 ? " dt 2" : "") << " title " << gnuplot_string(arms[a].first);
+          g << "\n";
+        }
+      g << "unset multiplot\n";
+      g.close();
+      written.push_back(gp.string());
+      if (gnuplot) {
+        if (run_gnuplot(gp)) {
+          dynamics_plot = plots_rel + "/dynamics.png";
+          written.push_back(png.string());
+        } else {
+          plot_failures.push_back(gp.string());
+        }
+      }
+    }
+  }
+
   // ---- the numbers as JSON (for tests and other tools)
   {
     json j;
@@ -328,9 +549,24 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       c["runs_done"] = cr.runs_done;
       c["versions"] = cr.versions;
       c["verdict"] = cr.verdict;
+      c["diverged"] = cr.diverged;
+      if (cr.claim->test == ClaimTest::tokens_to_match) c["censored"] = cr.censored;
       cs.push_back(c);
     }
     j["claims"] = cs;
+    json ch = json::array();
+    for (const Choice& c : plan.choices) {
+      json x;
+      x["name"] = c.name;
+      x["resolved"] = c.resolved;
+      if (c.kind == Choice::Kind::variant) x["value"] = c.value;
+      else x["per_label"] = c.per_label;
+      json sc = json::object();
+      for (const auto& [k, v] : c.scores) sc[k] = {{"mean_valid_loss", v.first}, {"seeds", v.second}};
+      x["scores"] = sc;
+      ch.push_back(x);
+    }
+    j["choices"] = ch;
     const fs::path path = tmp / final_json.filename();
     std::ofstream js(path);
     js << j.dump(1) << "\n";
@@ -382,19 +618,52 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
   md << (versions.size() > 1 ? " (**mixed**: claims whose runs span several versions are marked below)" : "") << "\n";
   if (!store.orphans().empty())
     md << "- " << store.orphans().size() << " stored results belong to runs this plan no longer has; they are not used.\n";
+  std::map<std::string, const ClaimResult*> claim_by_id;
+  for (const ClaimResult& cr : claims) claim_by_id[cr.claim->id] = &cr;
+  if (!plan.summary.title.empty()) {
+    md << "\n## " << plan.summary.title << "\n\n| claim |";
+    for (const std::string& c : plan.summary.columns) md << " " << c << " |";
+    md << "\n|---|";
+    for (std::size_t i = 0; i < plan.summary.columns.size(); ++i) md << "---|";
+    md << "\n";
+    for (const Summary::Row& row : plan.summary.rows) {
+      md << "| " << row.label << " |";
+      for (const std::string& id : row.claims) {
+        if (id.empty()) {
+          md << " - |";
+          continue;
+        }
+        const ClaimResult& cr = *claim_by_id.at(id);
+        md << " **" << cr.verdict << "** " << show_estimate(cr) << " (" << id << ", " << cr.seeds.size() << " seeds"
+           << (cr.runs_done < cr.runs_needed ? ", " + std::to_string(cr.runs_done) + "/" + std::to_string(cr.runs_needed) + " runs" : "")
+           << ") |";
+      }
+      md << "\n";
+    }
+    md << "\nEach cell: the verdict by the rule stated before the runs, the estimate with its 95% interval (a % change "
+       << "of validation perplexity, negative = better, or a ratio), the claim it comes from (details below) and its "
+       << "seeds. A cell with runs still missing is computed on the complete seeds.\n";
+  }
   md << "\n## The claims\n\n"
      << "| claim | comparison | seeds | a: valid ppl | b: valid ppl | estimate [95% CI] | paper | verdict |\n"
      << "|---|---|---:|---:|---:|---:|---|---|\n";
   for (const ClaimResult& cr : claims) {
     const Claim& c = *cr.claim;
-    std::string comparison = "a = " + c.a.text() + ", b = " + c.b.text();
-    if (c.test == ClaimTest::shift) comparison += "; vs c = " + c.c.text() + ", d = " + c.d.text();
+    auto shown = [&](const ArmRef& a) { return a.group + "/" + plan.shown_label(a); };
+    std::string comparison = "a = " + shown(c.a) + ", b = " + shown(c.b);
+    if (c.test == ClaimTest::shift) comparison += "; vs c = " + shown(c.c) + ", d = " + shown(c.d);
+    if (c.test == ClaimTest::tokens_to_match) {
+      comparison = "a = " + shown(c.a) + "; ladder = ";
+      for (std::size_t i = 0; i < c.ladder.size(); ++i) comparison += (i ? ", " : "") + shown(c.ladder[i]);
+    }
     std::string verdict = "**" + cr.verdict + "**";
     if (cr.verdict != "pending" && cr.runs_done < cr.runs_needed)
       verdict += " (partial: " + std::to_string(cr.runs_done) + "/" + std::to_string(cr.runs_needed) + " runs)";
     if (cr.verdict == "pending")
       verdict += " (" + std::to_string(cr.runs_done) + "/" + std::to_string(cr.runs_needed) + " runs)";
     if (cr.versions.size() > 1) verdict += " (mixed code versions)";
+    if (cr.diverged > 0) verdict += " (" + std::to_string(cr.diverged) + " seeds left out: a run diverged)";
+    if (cr.censored > 0) verdict += " (" + std::to_string(cr.censored) + " seeds extrapolated beyond the ladder)";
     md << "| " << c.id << ". " << c.title << " | " << comparison << " (" << to_string(c.test)
        << (c.test == ClaimTest::equivalent ? ", margin ±" + f("%.2g", c.margin) + "%" : std::string()) << ") | "
        << cr.seeds.size() << " | " << (cr.seeds.empty() ? "-" : f("%.2f", cr.a_ppl)) << " | "
@@ -416,9 +685,61 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
      << "tokens a trained on; reproduced if the interval is entirely above 1 (b needs more data).\n"
      << "- `shift`: the % change of a vs b minus the % change of c vs d, with Welch's interval; reproduced if "
      << "entirely above 0 (coupling helps less, or hurts more, in the a/b setting).\n"
+     << "- `tokens_to_match`: per seed, the tokens the ladder's variant (runs at growing budgets, each with its own "
+     << "full schedule) needs to reach a's final validation perplexity, linear in log tokens between the final "
+     << "perplexities of the two budgets that bracket it (outside the ladder: extrapolated along the nearest "
+     << "segment and counted as censored), over a's tokens; reproduced if the interval is entirely above 1.\n"
+     << "- A seed with a diverged run is left out of the claims that name it (the stability table lists it).\n"
      << "- **pending**: fewer than 2 seeds with every run finished. A claim is computed on the seeds that are "
      << "complete; `partial` says how many of its runs are.\n\n";
   if (!paired_plot.empty()) md << "![paired differences per seed](" << paired_plot << ")\n\n";
+
+  if (!plan.choices.empty()) {
+    md << "## What the plan chose\n\nThe plan's rules pick from finished runs (the lowest mean final validation loss "
+       << "over the seeds of the group; a diverged run counts as infinitely bad); the groups that use a choice are "
+       << "trained once it is made.\n\n";
+    for (const Choice& ch : plan.choices) {
+      md << "- **" << ch.name << "**: ";
+      if (ch.kind == Choice::Kind::variant) {
+        md << "the variant of group `" << ch.groups.front() << "` among ";
+        for (std::size_t i = 0; i < ch.among.size(); ++i) md << (i ? ", " : "") << "`" << ch.among[i] << "`";
+        md << ": " << (ch.resolved ? "**" + ch.value + "**" : std::string("not yet (its runs are not all finished)"));
+      } else {
+        md << "`" << ch.flag << "` per variant, among groups ";
+        for (std::size_t i = 0; i < ch.groups.size(); ++i) md << (i ? ", " : "") << "`" << ch.groups[i] << "`";
+        md << ": ";
+        if (ch.per_label.empty()) md << "not yet";
+        bool firstl = true;
+        for (const auto& [label, value] : ch.per_label) {
+          const std::string& gname = ch.per_label_group.at(label);
+          // at an end of the sweep (by the flag's numeric value): the rule says extend it
+          std::vector<std::pair<double, std::string>> values;
+          for (const std::string& gn : ch.groups) {
+            const Group& gg = plan.groups[plan.group_index.at(gn)];
+            if (std::any_of(gg.variants.begin(), gg.variants.end(), [&](const VariantSpec& v) { return v.label == label; }))
+              values.emplace_back(std::strtod((gg.set.count(ch.flag) ? gg.set.at(ch.flag) : plan.defaults.at(ch.flag)).c_str(), nullptr), gn);
+          }
+          std::sort(values.begin(), values.end());
+          const bool edge = values.size() > 2 && (values.front().second == gname || values.back().second == gname);
+          md << (firstl ? "" : "; ") << "`" << label << "` " << value << " (" << gname << ")"
+             << (edge ? " **at the end of the sweep: extend it**" : "");
+          firstl = false;
+        }
+      }
+      if (!ch.scores.empty()) {
+        md << ". Mean final valid loss (seeds): ";
+        bool firsts = true;
+        for (const auto& [k, v] : ch.scores) {
+          md << (firsts ? "" : ", ") << k << " " << (std::isfinite(v.first) ? f("%.4f", v.first) : std::string("diverged")) << " ("
+             << v.second << ")";
+          firsts = false;
+        }
+      }
+      md << "\n";
+    }
+    md << "\n";
+  }
+  for (const auto& [title, png] : figure_plots) md << "![" << title << "](" << png << ")\n\n";
 
   md << "## Per claim\n\n";
   for (const ClaimResult& cr : claims) {
@@ -429,11 +750,13 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
        << cr.runs_needed << " runs finished)\n";
     if (!cr.values.empty()) {
       md << "- per seed: ";
-      const bool percent = c.test != ClaimTest::tokens_to_target;
+      const bool percent = c.test != ClaimTest::tokens_to_target && c.test != ClaimTest::tokens_to_match;
       for (std::size_t i = 0; i < cr.values.size(); ++i)
         md << (i ? ", " : "") << "seed " << cr.seeds[i] << ": " << f(percent ? "%+.2f%%" : "%.2fx", cr.values[i]);
       md << "\n";
     }
+    if (cr.diverged > 0) md << "- " << cr.diverged << " seeds left out: one of their runs diverged\n";
+    if (cr.censored > 0) md << "- " << cr.censored << " seeds extrapolated: a's perplexity lies outside the ladder's\n";
     md << "\n";
     const auto it = claim_plot.find(c.id);
     if (it != claim_plot.end()) md << "![claim " << c.id << " curves](" << it->second << ")\n\n";
@@ -456,7 +779,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
         tps.push_back(r->tokens_per_s);
       }
       const Estimate ev = mean_ci(vp), et = mean_ci(tp), es = mean_ci(tps);
-      md << "| " << arm.text() << " | " << runs.size() << "/" << g.seeds.size() << " | "
+      md << "| " << arm.group << "/" << plan.shown_label(arm) << " | " << runs.size() << "/" << g.seeds.size() << " | "
          << (runs.empty() ? "-" : f("%.2f", ev.mean) + " ± " + f("%.2f", ev.sd)) << " | "
          << (runs.empty() ? "-" : f("%.2f", et.mean)) << " | "
          << (runs.empty() ? "-" : std::to_string(runs.front()->parameters)) << " | "
@@ -477,7 +800,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
           dk.push_back(r->dynamics[l].k_displacement);
         }
         const Estimate a = mean_ci(tau), b = mean_ci(dq), c = mean_ci(dk);
-        diag << "| " << arm.text() << " | " << l << " | " << f("%.3f", a.mean) << " ± " << f("%.3f", a.sd) << " | "
+        diag << "| " << arm.group << "/" << plan.shown_label(arm) << " | " << l << " | " << f("%.3f", a.mean) << " ± " << f("%.3f", a.sd) << " | "
              << f("%.4f", b.mean) << " ± " << f("%.4f", b.sd) << " | " << f("%.4f", c.mean) << " ± " << f("%.4f", c.sd)
              << " |\n";
       }
@@ -496,10 +819,107 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
        << diag.str() << "\n";
   }
 
+  if (!dynamics_plot.empty())
+    md << "Over training (at every evaluation; the k displacement of reading 3c is the force's impulse against |k|, "
+       << "`drift` has none):\n\n![dynamics over training](" << dynamics_plot << ")\n\n";
+
+  // stability: seed spread, spikes, stalls, divergence; for arms with dynamics, tau and force
+  {
+    std::ostringstream st;
+    bool any_dynamics = false;
+    for (const Group& g : plan.groups)
+      for (const VariantSpec& v : g.variants) {
+        const ArmRef arm{g.name, v.label};
+        const auto all = arm_results(plan, results, arm, true);
+        if (all.empty()) continue;
+        std::vector<double> ppl;
+        int spikes = 0, stalled = 0, diverged = 0;
+        double worst = 0;
+        std::vector<std::string> flagged;  // runs with a stall or a rise > 1%
+        std::vector<double> taus, forces;
+        for (const RunResult* r : all) {
+          if (r->diverged()) {
+            ++diverged;
+            flagged.push_back("seed " + std::to_string(r->seed) + " diverged at step " + std::to_string(r->diverged_at));
+            continue;
+          }
+          ppl.push_back(r->valid_ppl);
+          const Stability sb = stability_of(*r);
+          spikes += sb.spikes;
+          worst = std::max(worst, sb.worst_rise);
+          stalled += sb.stalled;
+          const auto [tau, force] = max_tau_force(*r);
+          if (!r->dynamics_curve.empty()) {
+            any_dynamics = true;
+            taus.push_back(tau);
+            forces.push_back(force);
+          }
+          if (sb.stalled || sb.worst_rise > 1)
+            flagged.push_back("seed " + std::to_string(r->seed) + (sb.stalled ? " stalled" : "") +
+                              (sb.worst_rise > 1 ? " rise " + f("%.1f%%", sb.worst_rise) : "") +
+                              (r->dynamics_curve.empty() ? "" : " (max tau " + f("%.2f", tau) + ", max |k'-k|/|k| " + f("%.3f", force) + ")"));
+        }
+        const Estimate e = mean_ci(ppl);
+        const Estimate et = mean_ci(taus), ef = mean_ci(forces);
+        st << "| " << arm.group << "/" << plan.shown_label(arm) << " | " << all.size() << " | "
+           << (e.n >= 2 ? f("%.2f", e.sd) + " (" + f("%.2f%%", 100 * e.sd / e.mean) + ")" : "-") << " | " << spikes << " | "
+           << f("%.2f%%", worst) << " | " << stalled << " | " << diverged << " | "
+           << (taus.empty() ? "-" : f("%.2f", et.mean) + " / " + f("%.3f", ef.mean)) << " | ";
+        for (std::size_t i = 0; i < flagged.size(); ++i) st << (i ? "; " : "") << flagged[i];
+        st << " |\n";
+      }
+    if (!st.str().empty() && (any_dynamics || !plan.choices.empty())) {
+      md << "## Training stability\n\nPer arm: the seed standard deviation of the final validation perplexity; "
+         << "loss spikes (evaluations whose validation loss is above the previous one's: count over seeds and the "
+         << "largest rise); stalls (less than 0.5% improvement over 3 evaluation intervals before the last quarter of "
+         << "the schedule); diverged runs; for arms with dynamics, the mean over seeds of each run's largest tau (mean "
+         << "over heads) and largest |k'-k|/|k| at any evaluation; and the runs that stalled, rose by more than 1% or "
+         << "diverged, with their own largest tau and force.\n\n"
+         << "| arm | runs | seed sd of valid ppl | spikes | largest rise | stalls | diverged | max tau / max force | flagged runs |\n"
+         << "|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
+         << st.str() << "\n";
+    }
+  }
+
+  // the run budget: training core-hours per group (a run two groups share counts in its first group)
+  if (!plan.choices.empty() || !plan.figures.empty()) {
+    md << "## Run budget\n\n| group | runs finished / listed | core-hours of training | rerun it |\n|---|---:|---:|---|\n";
+    std::set<std::string> counted;
+    for (const Group& g : plan.groups) {
+      double seconds = 0;
+      int done = 0, listed = 0;
+      for (std::uint64_t seed : g.seeds)
+        for (const VariantSpec& v : g.variants) {
+          ++listed;
+          const RunSpec* spec = plan.find(ArmRef{g.name, v.label}, seed);
+          if (!spec || !results.count(spec->id)) continue;
+          ++done;
+          if (counted.insert(spec->id).second) {
+            const RunResult& r = results.at(spec->id);
+            seconds += r.train_seconds * std::max(1, r.threads);
+          }
+        }
+      md << "| " << g.name << " | " << done << " / " << listed << " | " << f("%.2f", seconds / 3600) << " | `coupledqk-study run "
+         << plan.path << " --group " << g.name << "` |\n";
+    }
+    md << "\nTraining time only (evaluations and data preparation excluded), measured on the machines above while "
+       << "other work shared them; `--group` trains the runs of one group that have no result (with "
+       << "`--rerun-other-versions`, also those of another code version).\n\n";
+  }
+
   // pending runs
   std::vector<const RunSpec*> pending;
   for (const RunSpec& r : plan.runs)
     if (!store.done(r)) pending.push_back(&r);
+  std::ostringstream waiting;
+  for (const Group& g : plan.groups) {
+    const auto w = g.waiting_for(plan.choices);
+    if (w.empty()) continue;
+    waiting << "- group `" << g.name << "` (" << g.seeds.size() * g.variants.size() << " runs) waits for choice";
+    for (std::size_t i = 0; i < w.size(); ++i) waiting << (i ? ", " : " ") << "`" << w[i] << "`";
+    waiting << "\n";
+  }
+  if (!waiting.str().empty()) md << "## Groups waiting for a choice\n\n" << waiting.str() << "\n";
   if (!pending.empty()) {
     md << "## Pending runs\n\n" << pending.size() << " runs have no result yet: ";
     for (std::size_t i = 0; i < pending.size() && i < 40; ++i) md << (i ? ", " : "") << pending[i]->title();

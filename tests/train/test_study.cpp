@@ -158,6 +158,17 @@ TEST_CASE("coupledqk-study: a tiny plan interrupted, resumed, reported; the same
     CHECK(a["test_ppl"].get<double>() == b["test_ppl"].get<double>());
     CHECK(a["curve"] == b["curve"]);
     CHECK(a["dynamics"] == b["dynamics"]);
+    // the diagnostics at every evaluation survive the interruption and the resume
+    CHECK(a.value("dynamics_curve", json()) == b.value("dynamics_curve", json()));
+    if (a["variant"] == "leapfrog") {
+      REQUIRE(a["dynamics_curve"].size() == 5);  // step 0, then every 4 of 16 steps
+      CHECK(a["dynamics_curve"][0][0] == 0);
+      CHECK(a["dynamics_curve"][4][0] == 16);
+      CHECK(a["dynamics_curve"][4][2][0] == json::array({a["dynamics"][0]["q_displacement"], a["dynamics"][0]["k_displacement"],
+                                                      a["dynamics"][0]["tau"]}));
+    } else {
+      CHECK(!a.contains("dynamics_curve"));
+    }
   }
 
   // 5. the report, its numbers recomputed here from the stored results
@@ -241,6 +252,146 @@ TEST_CASE("coupledqk-study: a tiny plan interrupted, resumed, reported; the same
     CHECK(r.status == 1);
     CHECK(contains(r.err, "nowhere' is not a folder of study results"));
   }
+}
+
+TEST_CASE("study: tokens to match along a budget ladder, interpolated in log tokens") {
+  // final log ppl 5.0, 4.6, 4.4 at log tokens 10, 11, 12
+  const std::vector<std::pair<double, double>> ladder{{10, 5.0}, {11, 4.6}, {12, 4.4}};
+  bool censored = true;
+  CHECK(cs::log_tokens_to_match(ladder, 4.8, censored) == doctest::Approx(10.5));
+  CHECK(!censored);
+  CHECK(cs::log_tokens_to_match(ladder, 4.5, censored) == doctest::Approx(11.5));
+  CHECK(!censored);
+  CHECK(cs::log_tokens_to_match(ladder, 4.6, censored) == doctest::Approx(11));
+  // outside the ladder: extrapolated along the nearest segment, flagged
+  CHECK(cs::log_tokens_to_match(ladder, 5.2, censored) == doctest::Approx(9.5));
+  CHECK(censored);
+  CHECK(cs::log_tokens_to_match(ladder, 4.2, censored) == doctest::Approx(13));
+  CHECK(censored);
+  // a ladder that stops improving: its largest budget, a lower bound
+  CHECK(cs::log_tokens_to_match({{10, 5.0}, {11, 4.6}, {12, 4.7}}, 4.0, censored) == doctest::Approx(12));
+  CHECK(censored);
+}
+
+TEST_CASE("coupledqk-study: a plan that chooses from its own finished runs, and a run that diverges") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const std::string plan = dir / "plan.json", results = dir / "results";
+  const std::string defaults = R"("defaults": {"corpus": ")" + d.corpus + R"(", "vocab": 400, "dim": 32, "layers": 2,
+    "heads": 4, "seq": 32, "batch": 4, "tokens": 1024, "lr": 0.003, "eval-every": 4, "eval-tokens": 0})";
+  write_file(plan, R"({"plan": "c", "threads": 1, )" + defaults + R"(,
+  "choices": [{"name": "best", "group": "g", "among": ["euler", "leapfrog"]},
+              {"name": "blr", "flag": "lr", "groups": ["lo", "hi"]}],
+  "groups": [{"name": "g", "variants": ["standard", "euler", "leapfrog"], "seeds": [1, 2]},
+             {"name": "lo", "set": {"lr": 0.001}, "variants": ["standard", "$best"], "seeds": [1, 2]},
+             {"name": "hi", "set": {"lr": 0.01}, "variants": ["standard", "$best"], "seeds": [1, 2]},
+             {"name": "tuned", "set": {"lr": "$blr"}, "variants": ["standard", "$best"], "seeds": [1, 2, 3]},
+             {"name": "steps", "variants": ["$best:2"], "seeds": [1, 2]},
+             {"name": "more", "set": {"tokens": 2048}, "variants": ["standard"], "seeds": [1, 2]},
+             {"name": "wild", "set": {"lr": 1000, "clip": 0}, "variants": ["standard"], "seeds": [1, 2]}],
+  "claims": [{"id": "1", "title": "best beats standard", "test": "better", "a": "g/$best", "b": "g/standard"},
+             {"id": "2", "title": "tuned", "test": "better", "a": "tuned/$best", "b": "tuned/standard"},
+             {"id": "3", "title": "budget", "test": "tokens_to_match", "a": "g/$best", "ladder": ["g/standard", "more/standard"]},
+             {"id": "4", "title": "wild", "test": "worse", "a": "wild/standard", "b": "g/standard"}],
+  "figures": [{"id": "lr", "title": "ppl by lr", "kind": "ppl", "x": "lr", "log_x": true,
+               "series": [{"label": "standard", "arms": ["lo/standard", "hi/standard"]}]}]})");
+  const std::string base = "'" + plan + "' --results '" + results + "'";
+  Ran r = run_study(dir, "status " + base);
+  INFO(r.out, r.err);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "0 of 10 runs finished"));  // g (6), more (2), wild (2): the others wait
+  CHECK(contains(r.out, "group lo: waits for choice best"));
+  CHECK(contains(r.out, "group tuned: waits for choice best, blr"));
+
+  r = run_study(dir, "run " + base + " --work '" + (dir / "work") + "' --progress off");
+  INFO(r.out, r.err);
+  REQUIRE(r.status == 0);
+  CHECK(contains(r.out, "choices resolved"));
+  CHECK(contains(r.err, "wild/standard seed 1: training diverged at step"));
+  CHECK(contains(r.out, "all "));
+  // what the rules chose, recomputed from the stored results
+  std::map<std::string, json> by;  // "group/variant#seed" -> result
+  for (const auto& [name, text] : result_files(results)) {
+    const json j = json::parse(text);
+    by[j["group"].get<std::string>() + "/" + j["variant"].get<std::string>() + "#" + std::to_string(j["seed"].get<int>())] = j;
+  }
+  auto mean_loss = [&](const std::string& arm) {
+    return (by.at(arm + "#1")["valid_loss"].get<double>() + by.at(arm + "#2")["valid_loss"].get<double>()) / 2;
+  };
+  const std::string best = mean_loss("g/leapfrog") < mean_loss("g/euler") ? "leapfrog" : "euler";
+  const json& stepped = by.at("steps/$best:2#1");
+  CHECK(contains(stepped["identity"].get<std::string>(), "attention=" + best + "\n"));
+  CHECK(contains(stepped["identity"].get<std::string>(), "steps=2\n"));
+  for (const std::string label : {"standard", "$best"}) {
+    const std::string lr = mean_loss("lo/" + label) <= mean_loss("hi/" + label) ? "lr=0.001\n" : "lr=0.01\n";
+    CHECK(contains(by.at("tuned/" + label + "#3")["identity"].get<std::string>(), lr));
+  }
+  r = run_study(dir, "status " + base);
+  CHECK(contains(r.out, "choice best = " + best));
+  CHECK(contains(r.out, "of 21 runs finished") == false);  // tuned seeds 1, 2 are the sweep's runs
+  // the diverged runs: stored, without perplexities, left out of the claim that names them
+  const json& wild = by.at("wild/standard#1");
+  CHECK(wild["diverged_at"].get<int>() >= 1);
+  CHECK(wild["valid_ppl"].is_null());
+  const std::string md = dir / "report.md";
+  r = run_study(dir, "report " + base + " --out '" + md + "'");
+  INFO(r.out, r.err);
+  REQUIRE(r.status == 0);
+  const json rep = json::parse(read_file(dir / "report.json"));
+  const json& c4 = rep["claims"][3];
+  CHECK(c4["verdict"] == "pending");
+  CHECK(c4["diverged"] == 2);
+  // claim 3 from the stored numbers: the tokens standard needs to reach best's final perplexity
+  const json& c3 = rep["claims"][2];
+  REQUIRE(c3["values"].size() == 2);
+  for (int seed : {1, 2}) {
+    const std::string s = "#" + std::to_string(seed);
+    std::vector<std::pair<double, double>> ladder;
+    for (const std::string arm : {"g/standard", "more/standard"})
+      ladder.emplace_back(std::log(by.at(arm + s)["tokens"].get<double>()), by.at(arm + s)["valid_loss"].get<double>());
+    bool censored = false;
+    const double t = cs::log_tokens_to_match(ladder, by.at("g/" + best + s)["valid_loss"].get<double>(), censored);
+    CHECK(c3["values"][seed - 1].get<double>() == doctest::Approx(std::exp(t) / 1024));
+  }
+  const std::string text = read_file(md);
+  CHECK(contains(text, "$best = " + best));
+  CHECK(contains(text, "diverged"));
+}
+
+TEST_CASE("coupledqk-study: plans that choose are checked before anything runs") {
+  TinyData& d = tiny_data();
+  TempDir dir;
+  const std::string plan = dir / "plan.json";
+  auto check_plan = [&](const std::string& choices, const std::string& groups, const std::string& message) {
+    write_file(plan, R"({"plan": "t", "defaults": {"corpus": ")" + d.corpus + R"(", "vocab": 400, "dim": 32, "heads": 4,
+      "seq": 32, "lr": 0.003}, "choices": [)" + choices + R"(], "groups": [{"name": "g", "variants": ["standard", "euler"],
+      "seeds": [1]}, {"name": "h", "set": {"lr": 0.01}, "variants": ["standard", "euler"], "seeds": [1]}, )" + groups + "]}");
+    const Ran r = run_study(dir, "status '" + plan + "' --results '" + (dir / "res") + "'");
+    INFO(r.out, r.err);
+    CHECK(r.status == 1);
+    CHECK(contains(r.err, message));
+    CHECK(!fs::exists(dir / "res"));
+  };
+  const std::string ok = R"({"name": "b", "group": "g", "among": ["euler"]})";
+  check_plan(ok, R"({"name": "x", "variants": ["$nope"], "seeds": [1]})", "variant '$nope' names no variant choice");
+  check_plan(R"({"name": "b", "group": "g", "among": ["leapfrog"]})", R"({"name": "x", "variants": ["$b"], "seeds": [1]})",
+             "group 'g' has no variant 'leapfrog'");
+  check_plan(R"({"name": "b", "group": "zz", "among": ["euler"]})", R"({"name": "x", "variants": ["$b"], "seeds": [1]})",
+             "there is no group 'zz'; groups: g, h, x");
+  check_plan(R"({"name": "l", "flag": "lr", "groups": ["g", "g"]})", R"({"name": "x", "variants": ["standard"], "seeds": [1]})",
+             "group 'g' is listed twice");
+  check_plan(R"({"name": "l", "flag": "dimm", "groups": ["g", "h"]})", R"({"name": "x", "variants": ["standard"], "seeds": [1]})",
+             "unknown flag 'dimm'");
+  check_plan(R"({"name": "l", "flag": "lr", "groups": ["g", "h"]})", R"({"name": "x", "set": {"lr": "$l"}, "variants": ["leapfrog"], "seeds": [1]})",
+             "'leapfrog' takes its lr from choice 'l', whose groups have no variant of that label");
+  check_plan(R"({"name": "l", "flag": "lr", "groups": ["g", "h"]})", R"({"name": "x", "set": {"dim": "$l"}, "variants": ["standard"], "seeds": [1]})",
+             "names no choice of 'dim'");
+  check_plan(ok + R"(, {"name": "b", "group": "g", "among": ["euler"]})", R"({"name": "x", "variants": ["standard"], "seeds": [1]})",
+             "choice name 'b' is used twice");
+  // a choice that waits for itself through the group it reads
+  check_plan(R"({"name": "c", "group": "x", "among": ["euler"]})", R"({"name": "x", "variants": ["euler", "$c:2"], "seeds": [1]})",
+             "choices wait for each other in a circle: c -> c");
+  check_plan(ok, R"({"name": "x", "variants": ["$b$"], "seeds": [1]})", "names a choice");
 }
 
 TEST_CASE("coupledqk-study: bad plans and foreign results give clear errors and lose nothing") {
