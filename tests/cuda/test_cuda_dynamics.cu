@@ -13,6 +13,7 @@
 
 #include <coupledqk/cuda/dynamics.cuh>
 #include <coupledqk/integrators/leapfrog.hpp>
+#include <coupledqk/integrators/velocity.hpp>
 
 #include "../../examples/forest_ruth.hpp"
 
@@ -56,6 +57,8 @@ static_assert(has_device_dynamics<ForestRuth<2>> && has_device_dynamics<ForestRu
 static_assert(has_device_dynamics<cq::Affine<1>> && has_device_dynamics<cq::Affine<7>>);
 static_assert(has_device_dynamics<cq::SymplecticSplitting<cq::LeapfrogScheme, 4>>);
 static_assert(!has_device_dynamics<NotAPolicyWeKnow>);
+static_assert(has_device_dynamics<cq::Drift<1>> && has_device_dynamics<cq::NewtonEuler<3>>);
+static_assert(has_device_dynamics<cq::NewtonLeapfrog<7>> && has_device_dynamics<cq::UnitLeapfrog<7>>);
 static_assert(!has_device_dynamics<cq::Leapfrog<40>>);  // 81 merged stages > 64
 
 // A consumer's own family, added without editing the library: one DeviceDynamics specialisation
@@ -310,6 +313,17 @@ TEST_CASE("device dynamics: Euler<3> matches the CPU") { check_policy<Euler<3>>(
 TEST_CASE("device dynamics: Uncoupled<1> matches the CPU") { check_policy<Uncoupled<1>>(61); }
 TEST_CASE("device dynamics: Uncoupled<3> matches the CPU") { check_policy<Uncoupled<3>>(71); }
 TEST_CASE("device dynamics: Affine<1> matches the CPU") { check_policy<Affine<1>>(111); }
+// the velocity family (method spec 3c): its own kernels (velocity.cuh)
+TEST_CASE("device dynamics: drift (1 and 3 steps) matches the CPU") {
+  check_policy<Drift<1>>(131);
+  check_policy<Drift<3>>(132);
+}
+TEST_CASE("device dynamics: newton-euler<1> matches the CPU") { check_policy<NewtonEuler<1>>(141); }
+TEST_CASE("device dynamics: newton-euler<3> matches the CPU") { check_policy<NewtonEuler<3>>(151); }
+TEST_CASE("device dynamics: newton-leapfrog<1> matches the CPU") { check_policy<NewtonLeapfrog<1>>(161); }
+TEST_CASE("device dynamics: newton-leapfrog<3> matches the CPU") { check_policy<NewtonLeapfrog<3>>(171); }
+TEST_CASE("device dynamics: unit-leapfrog<1> matches the CPU") { check_policy<UnitLeapfrog<1>>(181); }
+TEST_CASE("device dynamics: unit-leapfrog<3> matches the CPU") { check_policy<UnitLeapfrog<3>>(191); }
 TEST_CASE("device dynamics: Affine<3> matches the CPU") { check_policy<Affine<3>>(121); }
 TEST_CASE("device dynamics: Forest-Ruth<2> (examples/forest_ruth.hpp) matches the CPU") {
   check_policy<ForestRuth<2>>(81);

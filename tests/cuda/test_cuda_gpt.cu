@@ -447,7 +447,8 @@ TEST_CASE("kernels: AdamW update and gradient norm match optim/adamw.hpp") {
 #define COUPLEDQK_GPT_VARIANTS                                                                               \
   Variant<Identity, Softmax>, Variant<Leapfrog<1>, Softmax>, Variant<Leapfrog<3>, Softmax>,                  \
       Variant<Euler<1>, Softmax>, Variant<Uncoupled<1>, Softmax>, Variant<Identity, Differential>,           \
-      Variant<Leapfrog<1>, Differential>, Variant<Affine<2>, Differential>
+      Variant<Leapfrog<1>, Differential>, Variant<Affine<2>, Differential>, Variant<NewtonLeapfrog<1>, Softmax>,  \
+      Variant<Drift<1>, Differential>
 
 TEST_CASE_TEMPLATE("cuda gpt: loss and every gradient match the CPU model (float32)", V, COUPLEDQK_GPT_VARIANTS) {
   check_gradients<typename V::integrator, typename V::scoring, float>();
@@ -526,10 +527,10 @@ struct HostOnlyScoring : Softmax {
   static constexpr const char* name = "host-only-scoring";
 };
 
-/// A complete integrator policy of no family the device code knows (no DeviceDynamics): explicit
-/// Euler on the velocity family's Newton field (the device's Euler kernels take only the tanh
-/// Hamiltonian).
-struct HostOnlyFlow : NewtonEuler<1> {
+/// A complete integrator policy of no family the device code knows (no DeviceDynamics): newton-euler
+/// with a force of its own (the device's velocity kernels take only the default SiluForce).
+struct HostOnlyForce : SiluForce {};
+struct HostOnlyFlow : NewtonEuler<1, HostOnlyForce> {
   static constexpr const char* name = "host-only-flow";
 };
 static_assert(CheckIntegrator<HostOnlyFlow>::value);
@@ -555,13 +556,11 @@ std::string make_gpt_error(const std::string& name) {
 }
 
 TEST_CASE("cuda gpt: a variant whose integrator or scoring has no device kernels is refused at run time, by name") {
-  // Every built-in variant has device kernels except the velocity family's (spec 3c: CPU only so far).
+  // Every built-in variant has device kernels (the velocity family's since velocity.cuh).
   for (const std::string& name : builtin_variants.names())
     for (int steps = 1; steps <= max_steps; ++steps) {
       INFO(name, " ", steps);
-      const bool velocity =
-          with_variant(name, steps, [](auto integrator, auto) { return is_velocity_family<typename decltype(integrator)::type>; });
-      CHECK(cuda::variant_supported(name, steps) == !velocity);
+      CHECK(cuda::variant_supported(name, steps));
     }
   CHECK_FALSE(cuda::variant_supported("nope", 1));
   CHECK_FALSE(cuda::variant_supported("leapfrog", max_steps + 1));

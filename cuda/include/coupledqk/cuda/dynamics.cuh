@@ -1168,6 +1168,12 @@ constexpr bool derives_from_steps() {
 template <int N>
 using TanhEuler = HamiltonianEuler<N, TanhHamiltonian>;
 
+/// Whether a policy has parameter tensors besides rho (drift has none: no params pointer needed).
+template <class I>
+constexpr bool has_parameters() {
+  return !std::is_same_v<typename I::template parameters<float>, EmptyParameters<float>>;
+}
+
 }  // namespace dynamics_detail
 
 /// True for the policies whose family has device kernels, within their limits: Identity, any
@@ -1198,7 +1204,7 @@ void dynamics_forward(const DynamicsDims& dims, const float* params, const float
   require_pointer(q_out, "q_out", fn, dims);
   require_pointer(k_out, "k_out", fn, dims);
   if constexpr (Integrator::has_dynamics) {
-    require_pointer(params, "params", fn, dims);
+    if constexpr (has_parameters<Integrator>()) require_pointer(params, "params", fn, dims);
     require_pointer(rho, "rho", fn, dims);
   }
   Device::template forward<T>(dims, params, rho, q_in, k_in, q_out, k_out, stream);
@@ -1224,13 +1230,15 @@ void dynamics_backward(const DynamicsDims& dims, const float* params, const floa
   Device::validate(dims, fn);
   if (dims.pairs == 0) return;
   if constexpr (Integrator::has_dynamics) {  // (without dynamics the backward is the identity)
-    require_pointer(params, "params", fn, dims);
+    if constexpr (has_parameters<Integrator>()) {  // (drift has only rho)
+      require_pointer(params, "params", fn, dims);
+      require_pointer(dparams, "dparams", fn, dims);
+    }
     require_pointer(rho, "rho", fn, dims);
     require_pointer(q_in, "q_in", fn, dims);
     require_pointer(k_in, "k_in", fn, dims);
     require_pointer(dq, "dq", fn, dims);
     require_pointer(dk, "dk", fn, dims);
-    require_pointer(dparams, "dparams", fn, dims);
     require_pointer(drho, "drho", fn, dims);
   }
   Device::template backward<T>(dims, params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
@@ -1363,4 +1371,5 @@ struct DeviceDynamics<I, std::enable_if_t<dynamics_detail::derives_from_steps<::
 
 }  // namespace coupledqk::cuda
 
-#include "affine.cuh"  // Affine<N>: its own kernels and its DeviceDynamics specialisation
+#include "affine.cuh"    // Affine<N>: its own kernels and its DeviceDynamics specialisation
+#include "velocity.cuh"  // the velocity family (drift, newton-*, unit-leapfrog): its kernels and specialisations
