@@ -59,9 +59,12 @@ std::vector<const RunResult*> arm_results(const Plan& plan, const std::map<std::
   return out;
 }
 
-/// Text for a plot (gnuplot_string keeps a small alphabet): "$best-3c = drift" -> "best-3c = drift".
+/// Text for a plot (gnuplot_string keeps a small alphabet): "$best-3c = drift" -> "best-3c = drift",
+/// and on one line (a label in a .tsv comment cannot start a data row).
 std::string plot_text(std::string s) {
   s.erase(std::remove(s.begin(), s.end(), '$'), s.end());
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
   return s;
 }
 
@@ -380,7 +383,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     std::ofstream data(tsv);
     std::vector<std::pair<std::string, int>> panels;  // label, rows
     for (const Figure::Series& series : fig.series) {
-      data << "# " << series.label << "\n# x\tmean\tlo\thi\tseeds\n";
+      data << "# " << plot_text(series.label) << "\n# x\tmean\tlo\thi\tseeds\n";
       int rows = 0;
       for (const auto& [a, b] : series.pairs) {
         const auto ra = arm_results(plan, results, a);
