@@ -689,7 +689,8 @@ Plan parse_plan(const std::string& text, const std::string& source,
     p.group_index[g.name] = p.groups.size();
     p.groups.push_back(std::move(g));
   }
-  if (j.contains("choices")) parse_choices(p, j.at("choices"), where);
+  // (without "choices" too: a group naming "$x" must then be refused, not wait forever)
+  parse_choices(p, j.contains("choices") ? j.at("choices") : json::array(), where);
   for (Group& g : p.groups)
     if (g.waiting_for(p.choices).empty()) expand_group(p, g);
   if (j.contains("claims")) {

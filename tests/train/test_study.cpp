@@ -392,6 +392,12 @@ TEST_CASE("coupledqk-study: plans that choose are checked before anything runs")
   check_plan(R"({"name": "c", "group": "x", "among": ["euler"]})", R"({"name": "x", "variants": ["euler", "$c:2"], "seeds": [1]})",
              "choices wait for each other in a circle: c -> c");
   check_plan(ok, R"({"name": "x", "variants": ["$b$"], "seeds": [1]})", "names a choice");
+  // no "choices" at all: a reference is refused, not left waiting
+  write_file(plan, R"({"plan": "t", "defaults": {"corpus": ")" + d.corpus + R"("}, "groups": [{"name": "x",
+    "variants": ["$best"], "seeds": [1]}]})");
+  const Ran r = run_study(dir, "status '" + plan + "' --results '" + (dir / "res") + "'");
+  CHECK(r.status == 1);
+  CHECK(contains(r.err, "variant '$best' names no variant choice"));
 }
 
 TEST_CASE("coupledqk-study: bad plans and foreign results give clear errors and lose nothing") {
