@@ -255,12 +255,11 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       << "set title " << gnuplot_string("Claim " + c.id + ": validation perplexity (mean; band: min-max over seeds)")
       << "\n"
       << "set xlabel 'training tokens'\nset ylabel 'validation perplexity (log scale)'\nset logscale y\nset grid\n"
-      << "set key top right\nset format x '%.1s%c'\nset style fill transparent solid 0.18 noborder\n";
+      << "set key outside right top\nset format x '%.1s%c'\nset style fill transparent solid 0.18 noborder\n";
     if ((c.test == ClaimTest::tokens_to_target || c.test == ClaimTest::tokens_to_match) && cr.a_ppl > 0)
       g << "set arrow from graph 0, first " << cr.a_ppl << " to graph 1, first " << cr.a_ppl
         << " nohead dt 2 lc rgb '#555555'\nset label " << gnuplot_string(plot_text(c.a.text()) + " final") << " at graph 0.02, first "
         << cr.a_ppl * 1.02 << "\n";
-    if (blocks > 3) g << "set key outside right top\n";
     g << "plot ";
     for (int i = 0; i < blocks; ++i) {
       const char* col = colours[i % 6];
@@ -282,39 +281,36 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     written.push_back(gp.string());
   }
 
-  // per-seed paired differences of the paired claims, with the mean and its interval
+  // per-seed paired differences of the paired claims, with the mean and its interval: one panel
+  // per claim, each on its own scale (an arm at -41% must not flatten the others)
   std::string paired_plot;
   {
     const fs::path tsv = stem / "paired.tsv", gp = stem / "paired.gp", png = stem / "paired.png";
     std::ofstream data(tsv);
-    std::ofstream means;
-    int x = 0;
-    std::string tics;
-    data << "# x\tclaim\tseed\tchange %\n";
-    std::ostringstream mean_lines;
+    std::vector<std::string> ids;
     for (const ClaimResult& cr : claims) {
       const ClaimTest t = cr.claim->test;
       if (t != ClaimTest::better && t != ClaimTest::worse && t != ClaimTest::equivalent) continue;
-      ++x;
-      tics += (tics.empty() ? "" : ", ") + gnuplot_string(cr.claim->id) + " " + std::to_string(x);
-      for (std::size_t i = 0; i < cr.values.size(); ++i)
-        data << x << "\t" << cr.claim->id << "\t" << cr.seeds[i] << "\t" << cr.values[i] << "\n";
-      if (cr.estimate.n >= 1)
-        mean_lines << x << "\t" << cr.estimate.mean << "\t" << cr.estimate.lo << "\t" << cr.estimate.hi << "\n";
+      if (cr.values.empty()) continue;
+      ids.push_back(cr.claim->id);
+      data << "# claim " << cr.claim->id << ": seed, change %\n";
+      for (std::size_t i = 0; i < cr.values.size(); ++i) data << cr.seeds[i] << "\t" << cr.values[i] << "\n";
+      data << "\n\n# mean, lo, hi\n0\t" << cr.estimate.mean << "\t" << cr.estimate.lo << "\t" << cr.estimate.hi << "\n\n\n";
     }
-    data << "\n\n# x\tmean\tlo\thi\n" << mean_lines.str();
     data.close();
-    if (x) {
+    if (!ids.empty()) {
       written.push_back(tsv.string());
+      const int n = static_cast<int>(ids.size()), cols = std::min(n, 5), rows_n = (n + cols - 1) / cols;
       std::ofstream g(gp);
-      g << "set terminal pngcairo size 900,520 font 'sans,10'\nset output '" << png.filename().string() << "'\n"
-        << "set title 'Paired validation-perplexity change per seed (a vs b, %), mean and 95% CI'\n"
-        << "set ylabel 'change of a vs b (%), negative: a is better'\nset xlabel 'claim'\nset grid ytics\n"
-        << "set xrange [0.5:" << x + 0.5 << "]\nset xtics (" << tics << ")\nset key top left\n"
-        << "set arrow from graph 0, first 0 to graph 1, first 0 nohead lc rgb '#000000'\n"
-        << "plot '" << tsv.filename().string() << "' index 0 using ($1-0.12):4 with points pt 7 ps 0.8 lc rgb '#1f77b4' title 'seed', \\\n"
-        << "     '" << tsv.filename().string() << "' index 1 using ($1+0.12):2:3:4 with yerrorbars pt 5 ps 1 lw 2 lc rgb '#d62728' "
-        << "title 'mean, 95% CI'\n";
+      g << "set terminal pngcairo size " << 260 * cols << "," << 230 * rows_n + 50 << " font 'sans,8'\nset output '"
+        << png.filename().string() << "'\nset multiplot layout " << rows_n << "," << cols
+        << " title 'Paired valid-ppl change of a vs b per seed (%; negative: a is better): seeds (dots), mean and 95% CI (bar at 0); each panel its own scale'\n"
+        << "set grid ytics\nset key off\nset xrange [-0.8:*]\nset xtics ('mean' 0)\nset offsets 0, 0.6, graph 0.1, graph 0.1\n";
+      for (int i = 0; i < n; ++i)
+        g << "set title " << gnuplot_string("claim " + ids[static_cast<std::size_t>(i)]) << "\nplot '" << tsv.filename().string()
+          << "' index " << 2 * i << " using 1:2 with points pt 7 ps 0.7 lc rgb '#1f77b4', '" << tsv.filename().string()
+          << "' index " << 2 * i + 1 << " using 1:2:3:4 with yerrorbars pt 5 ps 0.9 lw 2 lc rgb '#d62728', 0 with lines lc rgb '#000000'\n";
+      g << "unset multiplot\n";
       g.close();
       written.push_back(gp.string());
       if (gnuplot) {
@@ -502,7 +498,8 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
         << gnuplot_string("Dynamics over training (" + arms.front().second.front()->group +
                           " group; mean over seeds, on the first validation windows)")
         << "\nset grid\nset xlabel 'training tokens'\nset format x '%.1s%c'\n";
-      const char* what[] = {"|q' - q| / |q|", "|k' - k| / |k| (3c: the force's impulse / |k|)", "tau (mean over heads)"};
+      const char* what[] = {"relative displacement of q", "relative displacement of k (3c: force impulse over k)",
+                            "tau (mean over heads)"};
       for (std::size_t l = 0; l < layers; ++l)
         for (std::size_t qty = 0; qty < 3; ++qty) {
           g << "set title " << gnuplot_string("layer " + std::to_string(l) + ": " + what[qty]) << "\n";
