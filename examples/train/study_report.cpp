@@ -6,6 +6,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -375,10 +376,13 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
   std::vector<std::pair<std::string, std::string>> figure_plots;  // title, png
   for (const Figure& fig : plan.figures) {
     const std::string base = "figure-" + file_safe(fig.id);
-    const fs::path tsv = stem / (base + ".tsv"), gp = stem / (base + ".gp"), png = stem / (base + ".png");
-    std::ofstream data(tsv);
+    const fs::path gp = stem / (base + ".gp"), png = stem / (base + ".png");
     std::vector<std::pair<std::string, int>> panels;  // label, rows
-    for (const Figure::Series& series : fig.series) {
+    double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin;
+    for (std::size_t si = 0; si < fig.series.size(); ++si) {  // one data file per panel
+      const Figure::Series& series = fig.series[si];
+      const fs::path tsv = stem / (base + "-" + std::to_string(si) + ".tsv");
+      std::ofstream data(tsv);
       data << "# " << plot_text(series.label) << "\n# x\tmean\tlo\thi\tseeds\n";
       int rows = 0;
       for (const auto& [a, b] : series.pairs) {
@@ -397,17 +401,24 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
         if (values.empty() || !std::isfinite(x)) continue;
         const Estimate e = mean_ci(values);
         data << x << "\t" << e.mean << "\t" << e.lo << "\t" << e.hi << "\t" << e.n << "\n";
+        xmin = std::min(xmin, x);
+        xmax = std::max(xmax, x);
         ++rows;
       }
-      data << "\n\n";
+      data.close();
+      written.push_back(tsv.string());
       panels.emplace_back(series.label, rows);
     }
-    data.close();
     if (std::none_of(panels.begin(), panels.end(), [](const auto& p) { return p.second > 0; })) {
-      fs::remove(tsv, ec);
+      for (std::size_t si = 0; si < fig.series.size(); ++si) {
+        fs::remove(stem / (base + "-" + std::to_string(si) + ".tsv"), ec);
+        written.pop_back();
+      }
       continue;
     }
-    written.push_back(tsv.string());
+    // one x range for every panel, wide enough for a single point
+    const double x0 = fig.log_x ? xmin / 1.5 : xmin - std::max(1e-9, 0.1 * (xmax - xmin) + (xmax == xmin ? 0.5 * std::fabs(xmin) + 1 : 0));
+    const double x1 = fig.log_x ? xmax * 1.5 : xmax + std::max(1e-9, 0.1 * (xmax - xmin) + (xmax == xmin ? 0.5 * std::fabs(xmax) + 1 : 0));
     const int n = static_cast<int>(panels.size());
     const int cols = n <= 2 ? n : (n <= 4 ? 2 : 3), rows_n = (n + cols - 1) / cols;
     std::ofstream g(gp);
@@ -416,17 +427,17 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       << gnuplot_string(fig.title + " (mean, 95% CI)") << "\nset grid\nset key off\n"
       << (fig.log_x ? "set logscale x\n" : "") << "set xlabel " << gnuplot_string(fig.x) << "\nset ylabel "
       << gnuplot_string(fig.kind == "change" ? "change of valid ppl vs b (%)" : "final valid ppl") << "\n"
-      << "set offsets graph 0.08, graph 0.08, graph 0.05, graph 0.05\n";
+      << "set xrange [" << x0 << ":" << x1 << "]\nset offsets 0, 0, graph 0.05, graph 0.05\n";
     for (int i = 0; i < n; ++i) {
       g << "set title " << gnuplot_string(panels[static_cast<std::size_t>(i)].first) << "\n";
       if (panels[static_cast<std::size_t>(i)].second == 0) {
-        g << "unset arrow\nset label 1 'no finished runs yet' at graph 0.3, graph 0.5\nplot [1:2] [0:1] NaN notitle\nunset label 1\n";
+        g << "unset arrow\nset label 1 'no finished runs yet' at graph 0.3, graph 0.5\nplot [] [0:1] NaN notitle\nunset label 1\n";
         continue;
       }
       g << (fig.kind == "change" ? "set arrow 1 from graph 0, first 0 to graph 1, first 0 nohead lc rgb '#000000'\n"
                                  : "unset arrow 1\n")
-        << "plot '" << tsv.filename().string() << "' index " << i << " using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '"
-        << colours[i % 6] << "' notitle\n";
+        << "plot '" << base << "-" << i << ".tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '" << colours[i % 6]
+        << "' notitle\n";
     }
     g << "unset multiplot\n";
     g.close();
