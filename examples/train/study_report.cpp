@@ -892,6 +892,36 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     }
   }
 
+  // the wall-clock view: training tokens/s of each arm of the first group against its first
+  // variant, paired by seed (runs that shared the machine at the same time see the same load)
+  if (!plan.choices.empty() || !plan.figures.empty()) {
+    const Group& g0 = plan.groups.front();
+    const ArmRef base{g0.name, g0.variants.front().label};
+    std::map<std::uint64_t, double> base_speed;
+    for (const RunResult* r : arm_results(plan, results, base)) base_speed[r->seed] = r->tokens_per_s;
+    std::ostringstream wc;
+    for (const VariantSpec& v : g0.variants) {
+      const ArmRef arm{g0.name, v.label};
+      std::vector<double> speed, ratio;
+      for (const RunResult* r : arm_results(plan, results, arm)) {
+        speed.push_back(r->tokens_per_s);
+        if (base_speed.count(r->seed) && base_speed[r->seed] > 0) ratio.push_back(base_speed[r->seed] / r->tokens_per_s);
+      }
+      if (speed.empty()) continue;
+      const Estimate es = mean_ci(speed), er = mean_ci(ratio);
+      wc << "| " << arm.group << "/" << plan.shown_label(arm) << " | " << speed.size() << " | " << f("%.0f", es.mean) << " | "
+         << (er.n >= 2 ? f("%.3f", er.mean) + " [" + f("%.3f", er.lo) + ", " + f("%.3f", er.hi) + "]"
+                       : er.n == 1 ? f("%.3f", er.mean) + " (1 seed)" : std::string("-"))
+         << " |\n";
+    }
+    if (!wc.str().empty())
+      md << "## Wall-clock view\n\nTraining throughput of the arms of group `" << g0.name << "` (evaluations excluded), "
+         << "and the time per token of each against `" << base.text() << "`, paired by seed (mean, 95% CI). The runs "
+         << "shared the machine with other work, so these ratios are rough; a speed claim needs the benchmarks "
+         << "(docs/performance.md).\n\n| arm | runs | tokens/s | time per token vs " << base.variant << " |\n|---|---:|---:|---:|\n"
+         << wc.str() << "\n";
+  }
+
   // the run budget: training core-hours per group (a run two groups share counts in its first group)
   if (!plan.choices.empty() || !plan.figures.empty()) {
     md << "## Run budget\n\n| group | runs finished / listed | core-hours of training | rerun it |\n|---|---:|---:|---|\n";
