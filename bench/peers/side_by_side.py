@@ -29,7 +29,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 
 # (variant, steps) at B=4, T=512, D=512 (the issue's target shape), both passes.
 LAYER_CASES = [("standard", 1), ("leapfrog", 1), ("leapfrog", 3), ("euler", 1), ("uncoupled", 1),
-               ("diff", 1), ("diff-leapfrog", 1), ("affine", 1), ("diff-affine", 1)]
+               ("diff", 1), ("diff-leapfrog", 1), ("affine", 1), ("diff-affine", 1),
+               ("drift", 1), ("newton-euler", 1), ("newton-leapfrog", 1), ("unit-leapfrog", 1)]
 SHAPE = (4, 512, 512)
 # Attention forward at longer sequences (peak fraction target: T >= 512).
 FORWARD_T = [512, 1024]
@@ -121,6 +122,8 @@ def main():
     ap.add_argument("--gpt-min-time", default="3.0", help="Google Benchmark --benchmark_min_time for the GPT steps "
                     "(seconds of timed steps per case, at least one step)")
     ap.add_argument("--no-gpt", action="store_true", help="layers only")
+    ap.add_argument("--layers", default="", help="the layer cases, variant:steps,... (default: "
+                    + ",".join(f"{v}:{s}" for v, s in LAYER_CASES) + ")")
     ap.add_argument("--cpu-time", action="store_true",
                     help="with --threads 1: every time and rate over CPU time (the benchmark thread's, the "
                     "PyTorch and numpy processes'), which a loaded machine disturbs far less than wall time")
@@ -128,11 +131,19 @@ def main():
     if args.cpu_time and args.threads != 1:
         sys.exit(f"side_by_side: --cpu-time needs --threads 1 (CPU time sums over threads); got --threads {args.threads}")
     ct = args.cpu_time
+    layer_cases = LAYER_CASES
+    if args.layers:
+        layer_cases = []
+        for item in args.layers.split(","):
+            v, _, s = item.partition(":")
+            if not re.fullmatch(r"[a-z][a-z0-9-]*", v) or not re.fullmatch(r"[1-7]", s or "1"):
+                sys.exit(f"side_by_side: --layers '{item}': expected variant:steps (a variant name, steps 1..7)")
+            layer_cases.append((v, int(s or "1")))
     binary = os.path.join(args.build, "bench", "coupledqk-bench")
     B, T, D = SHAPE
 
     names = []
-    for v, s in LAYER_CASES:
+    for v, s in layer_cases:
         for p in ("fwd", "fwdbwd"):
             names.append(f"layer/{v}/{s}/{p}/B{B}/T{T}/D{D}")
     for t in FORWARD_T:
@@ -145,7 +156,7 @@ def main():
     blas = openblas.sgemm_gflops(2048, args.threads, 3.0, ct)
     peak = blas["gflops"]
     ours, info, bench_cmd = run_bench(binary, args.threads, pattern, args.min_time, peak, ct)
-    torch_cases = sorted({f"{v}:{s}:{B}:{T}:{D}" for v, s in LAYER_CASES} |
+    torch_cases = sorted({f"{v}:{s}:{B}:{T}:{D}" for v, s in layer_cases} |
                          {f"{v}:1:{B}:{t}:{D}" for t in FORWARD_T for v in ("standard", "leapfrog")})
     theirs = run_torch(args.threads, torch_cases, args.reps, ct)
     gpt_ours, gpt_theirs, gpt_cmd, gpt_info = {}, {}, "", info
@@ -188,7 +199,7 @@ def main():
     lines.append(f"## Attention layer, B={B}, T={T}, D={D}, head size 64\n")
     lines.append("| variant | steps | pass | coupledqk ms | tokens/s | GFLOP/s | % peak | PyTorch ms | PyTorch / coupledqk |")
     lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for v, s in LAYER_CASES:
+    for v, s in layer_cases:
         for p in ("fwd", "fwdbwd"):
             o = ours_row(v, s, p)
             t = theirs.get((v, s, T, p))
