@@ -1,14 +1,14 @@
 set terminal pngcairo size 900,560 font 'sans,10'
-set output 'docs/reproduction/claim-2c.png'
-set title "Claim 2c: validation perplexity (mean; band: min-max over seeds)"
+set output 'claim-2c.png'
+set title 'Claim 2c: validation perplexity (mean; band: min-max over seeds)'
 set xlabel 'training tokens'
 set ylabel 'validation perplexity (log scale)'
 set logscale y
 set grid
-set key top right
+set key outside right top
 set format x '%.1s%c'
 set style fill transparent solid 0.18 noborder
-plot 'docs/reproduction/claim-2c.tsv' index 0 using 1:3:4 with filledcurves lc rgb '#1f77b4' notitle, \
-     'docs/reproduction/claim-2c.tsv' index 0 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#1f77b4' title 'sotu/uncoupled (5 seeds)', \
-     'docs/reproduction/claim-2c.tsv' index 1 using 1:3:4 with filledcurves lc rgb '#d62728' notitle, \
-     'docs/reproduction/claim-2c.tsv' index 1 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#d62728' title 'sotu/leapfrog (5 seeds)'
+plot 'claim-2c.tsv' index 0 using 1:3:4 with filledcurves lc rgb '#1f77b4' notitle, \
+     'claim-2c.tsv' index 0 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#1f77b4' title 'readings/uncoupled (4 seeds)', \
+     'claim-2c.tsv' index 1 using 1:3:4 with filledcurves lc rgb '#d62728' notitle, \
+     'claim-2c.tsv' index 1 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#d62728' title 'readings/leapfrog (5 seeds)'

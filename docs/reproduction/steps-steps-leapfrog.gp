@@ -1,9 +1,0 @@
-set terminal pngcairo size 700,480 font 'sans,10'
-set output 'docs/reproduction/steps-steps-leapfrog.png'
-set title "steps/leapfrog: final validation perplexity vs integration steps (mean, 95% CI)"
-set xlabel 'steps N'
-set ylabel 'validation perplexity'
-set grid
-set xrange [0:8]
-set key off
-plot 'docs/reproduction/steps-steps-leapfrog.tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#1f77b4'
