@@ -69,6 +69,30 @@ std::string plot_text(std::string s) {
   return s;
 }
 
+/// Markdown with every `$` outside code (fenced blocks, inline backticks) written `\$`: a choice's
+/// label ("$best-3c") would otherwise open a formula in renderers with maths (GitHub's).
+std::string escape_dollars(const std::string& md) {
+  std::string out;
+  out.reserve(md.size() + 64);
+  bool fence = false, inline_code = false, line_start = true;
+  for (std::size_t i = 0; i < md.size(); ++i) {
+    const char c = md[i];
+    if (line_start && md.compare(i, 3, "```") == 0) {
+      fence = !fence;
+      out += "```";
+      i += 2;
+      line_start = false;
+      continue;
+    }
+    line_start = c == '\n';
+    if (c == '\n') inline_code = false;  // an unclosed backtick does not run past its line
+    if (!fence && c == '`') inline_code = !inline_code;
+    if (!fence && !inline_code && c == '$' && (i == 0 || md[i - 1] != '\\')) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 /// The arms of a claim, in order.
 std::vector<ArmRef> claim_arms(const Claim& c) {
   if (c.test == ClaimTest::shift) return {c.a, c.b, c.c, c.d};
@@ -977,7 +1001,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     md << "\n(gnuplot failed on " << (final_stem / fs::path(p).filename()).string() << ")\n";
   {
     std::ofstream mdout(tmp / out.filename());
-    mdout << md.str();
+    mdout << escape_dollars(md.str());
     if (!mdout) throw io_error("cannot write '" + (tmp / out.filename()).string() + "'");
   }
 
