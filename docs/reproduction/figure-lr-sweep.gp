@@ -19,7 +19,7 @@ unset label 1
 set title 'leapfrog'
 unset arrow 1
 plot 'figure-lr-sweep-2.tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#2ca02c' notitle
-set title '?best-3c'
+set title 'best-3c'
 unset arrow 1
 plot 'figure-lr-sweep-3.tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#9467bd' notitle
 set title 'affine'

@@ -434,6 +434,7 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
       panels.emplace_back(series.label, rows);
     }
     if (std::none_of(panels.begin(), panels.end(), [](const auto& p) { return p.second > 0; })) {
+      figure_plots.emplace_back(fig.title, "");  // said in the report: no finished runs yet
       for (std::size_t si = 0; si < fig.series.size(); ++si) {
         fs::remove(stem / (base + "-" + std::to_string(si) + ".tsv"), ec);
         written.pop_back();
@@ -448,12 +449,12 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     std::ofstream g(gp);
     g << "set terminal pngcairo size " << 480 * cols << "," << 340 * rows_n + 40 << " font 'sans,9'\nset output '"
       << png.filename().string() << "'\nset multiplot layout " << rows_n << "," << cols << " title "
-      << gnuplot_string(fig.title + " (mean, 95% CI)") << "\nset grid\nset key off\n"
+      << gnuplot_string(plot_text(fig.title) + " (mean, 95% CI)") << "\nset grid\nset key off\n"
       << (fig.log_x ? "set logscale x\n" : "") << "set xlabel " << gnuplot_string(fig.x) << "\nset ylabel "
       << gnuplot_string(fig.kind == "change" ? "change of valid ppl vs b (%)" : "final valid ppl") << "\n"
       << "set xrange [" << x0 << ":" << x1 << "]\nset offsets 0, 0, graph 0.05, graph 0.05\n";
     for (int i = 0; i < n; ++i) {
-      g << "set title " << gnuplot_string(panels[static_cast<std::size_t>(i)].first) << "\n";
+      g << "set title " << gnuplot_string(plot_text(panels[static_cast<std::size_t>(i)].first)) << "\n";
       if (panels[static_cast<std::size_t>(i)].second == 0) {
         g << "unset arrow\nset label 1 'no finished runs yet' at graph 0.3, graph 0.5\nplot [] [0:1] NaN notitle\nunset label 1\n";
         continue;
@@ -774,7 +775,8 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
     }
     md << "\n";
   }
-  for (const auto& [title, png] : figure_plots) md << "![" << title << "](" << png << ")\n\n";
+  for (const auto& [title, png] : figure_plots)
+    md << (png.empty() ? "*(figure: " + title + ": no finished runs yet)*" : "![" + title + "](" + png + ")") << "\n\n";
 
   md << "## Per claim\n\n";
   for (const ClaimResult& cr : claims) {
