@@ -13,6 +13,6 @@ plot 'claim-4.tsv' index 0 using 1:3:4 with filledcurves lc rgb '#1f77b4' notitl
      'claim-4.tsv' index 1 using 1:3:4 with filledcurves lc rgb '#d62728' notitle, \
      'claim-4.tsv' index 1 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#d62728' title 'readings/standard (5 seeds)', \
      'claim-4.tsv' index 2 using 1:3:4 with filledcurves lc rgb '#2ca02c' notitle, \
-     'claim-4.tsv' index 2 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#2ca02c' title 'tokens-1.5x/standard (1 seeds)', \
+     'claim-4.tsv' index 2 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#2ca02c' title 'tokens-1.5x/standard (3 seeds)', \
      'claim-4.tsv' index 3 using 1:3:4 with filledcurves lc rgb '#9467bd' notitle, \
-     'claim-4.tsv' index 3 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#9467bd' title 'tokens-2x/standard (1 seeds)'
+     'claim-4.tsv' index 3 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#9467bd' title 'tokens-2x/standard (3 seeds)'
