@@ -6,7 +6,7 @@ set key off
 set logscale x
 set xlabel 'tokens'
 set ylabel 'final valid ppl'
-set xrange [1.3981e+06:6.29146e+06]
+set xrange [1.3981e+06:9.43718e+06]
 set offsets 0, 0, graph 0.05, graph 0.05
 set title 'standard'
 unset arrow 1
