@@ -358,12 +358,29 @@ inline void validate(const DynamicsDims& dims, const char* fn, int field) {
   if (field != free_field) dynamics_detail::validate_hidden(dims, fn);
 }
 
+/// The forward and backward of a velocity-family specialisation `Family`, which gives
+/// `static Program program()` and `validate`.
+template <class Family>
+struct VelocityDynamics {
+  template <class T>
+  static void forward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
+                      T* q_out, T* k_out, cudaStream_t stream) {
+    velocity_detail::forward<T>(Family::program(), dims, params, rho, q_in, k_in, q_out, k_out, stream);
+  }
+  template <class T>
+  static void backward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
+                       float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream) {
+    velocity_detail::backward<T>(Family::program(), dims, params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
+  }
+};
+
 }  // namespace velocity_detail
 
 /// Splittings of the velocity family's fields (drift, newton-leapfrog, unit-leapfrog): the merged
 /// plan's stages one after the other.
 template <class I>
-struct DeviceDynamics<I, std::enable_if_t<velocity_detail::is_velocity_splitting<I>()>> {
+struct DeviceDynamics<I, std::enable_if_t<velocity_detail::is_velocity_splitting<I>()>>
+    : velocity_detail::VelocityDynamics<DeviceDynamics<I>> {
   static constexpr int field = velocity_detail::field_of<typename I::hamiltonian>();
   static constexpr bool supported = I::plan.size <= dynamics_detail::kMaxOps;
 
@@ -379,21 +396,12 @@ struct DeviceDynamics<I, std::enable_if_t<velocity_detail::is_velocity_splitting
     return p;
   }
   static void validate(const DynamicsDims& dims, const char* fn) { velocity_detail::validate(dims, fn, field); }
-  template <class T>
-  static void forward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
-                      T* q_out, T* k_out, cudaStream_t stream) {
-    velocity_detail::forward<T>(program(), dims, params, rho, q_in, k_in, q_out, k_out, stream);
-  }
-  template <class T>
-  static void backward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
-                       float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream) {
-    velocity_detail::backward<T>(program(), dims, params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
-  }
 };
 
 /// newton-euler (HamiltonianEuler of the force): N simultaneous steps.
 template <class I>
-struct DeviceDynamics<I, std::enable_if_t<velocity_detail::is_newton_euler<I>()>> {
+struct DeviceDynamics<I, std::enable_if_t<velocity_detail::is_newton_euler<I>()>>
+    : velocity_detail::VelocityDynamics<DeviceDynamics<I>> {
   static constexpr bool supported = I::steps <= dynamics_detail::kMaxOps;
 
   static velocity_detail::Program program() {
@@ -405,16 +413,6 @@ struct DeviceDynamics<I, std::enable_if_t<velocity_detail::is_newton_euler<I>()>
   }
   static void validate(const DynamicsDims& dims, const char* fn) {
     velocity_detail::validate(dims, fn, velocity_detail::newton_field);
-  }
-  template <class T>
-  static void forward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
-                      T* q_out, T* k_out, cudaStream_t stream) {
-    velocity_detail::forward<T>(program(), dims, params, rho, q_in, k_in, q_out, k_out, stream);
-  }
-  template <class T>
-  static void backward(const DynamicsDims& dims, const float* params, const float* rho, const T* q_in, const T* k_in,
-                       float* dq, float* dk, float* dparams, float* drho, cudaStream_t stream) {
-    velocity_detail::backward<T>(program(), dims, params, rho, q_in, k_in, dq, dk, dparams, drho, stream);
   }
 };
 
