@@ -746,7 +746,9 @@ std::vector<std::string> write_report(const Plan& plan, const Store& store, cons
         md << ": ";
         if (ch.per_label.empty()) md << "not yet";
         bool firstl = true;
-        for (const auto& [label, value] : ch.per_label) {
+        for (const auto& entry : ch.per_label) {
+          const std::string& label = entry.first;  // not a structured binding: a C++17 lambda cannot capture one
+          const auto& value = entry.second;
           const std::string& gname = ch.per_label_group.at(label);
           // at an end of the sweep (by the flag's numeric value): the rule says extend it
           std::vector<std::pair<double, std::string>> values;
