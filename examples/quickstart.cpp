@@ -5,6 +5,7 @@
 #include <coupledqk/coupledqk.hpp>
 #include <coupledqk/testing/gradcheck.hpp>
 #include <coupledqk/testing/properties.hpp>
+#include <coupledqk/variants.hpp>  // the table compiled once (coupledqk::variants): this file builds in seconds
 
 #include <chrono>
 #include <cstdio>
