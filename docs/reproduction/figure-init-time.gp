@@ -6,7 +6,7 @@ set key off
 set logscale x
 set xlabel 'init-time'
 set ylabel 'change of valid ppl vs b (%)'
-set xrange [0.666667:1.5]
+set xrange [0.166667:3]
 set offsets 0, 0, graph 0.05, graph 0.05
 set title 'reading 3c, best variant'
 set arrow 1 from graph 0, first 0 to graph 1, first 0 nohead lc rgb '#000000'

@@ -6,16 +6,14 @@ set key off
 set logscale x
 set xlabel 'lr'
 set ylabel 'final valid ppl'
-set xrange [0.00133333:0.003]
+set xrange [0.000333333:0.012]
 set offsets 0, 0, graph 0.05, graph 0.05
 set title 'standard'
 unset arrow 1
 plot 'figure-lr-sweep-0.tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#1f77b4' notitle
 set title 'diff'
-unset arrow
-set label 1 'no finished runs yet' at graph 0.3, graph 0.5
-plot [] [0:1] NaN notitle
-unset label 1
+unset arrow 1
+plot 'figure-lr-sweep-1.tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#d62728' notitle
 set title 'leapfrog'
 unset arrow 1
 plot 'figure-lr-sweep-2.tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#2ca02c' notitle
@@ -23,8 +21,6 @@ set title 'best-3c'
 unset arrow 1
 plot 'figure-lr-sweep-3.tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#9467bd' notitle
 set title 'affine'
-unset arrow
-set label 1 'no finished runs yet' at graph 0.3, graph 0.5
-plot [] [0:1] NaN notitle
-unset label 1
+unset arrow 1
+plot 'figure-lr-sweep-4.tsv' using 1:2:3:4 with yerrorlines pt 7 lw 2 lc rgb '#ff7f0e' notitle
 unset multiplot
