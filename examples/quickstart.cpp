@@ -5,7 +5,7 @@
 #include <coupledqk/coupledqk.hpp>
 #include <coupledqk/testing/gradcheck.hpp>
 #include <coupledqk/testing/properties.hpp>
-#include <coupledqk/variants.hpp>  // the table compiled once (coupledqk::variants): this file builds in seconds
+#include <coupledqk/variants.hpp>  // the table compiled once (coupledqk::variants_layers): 35 s to build, not 180 s
 
 #include <chrono>
 #include <cstdio>
