@@ -385,11 +385,13 @@ TEST_CASE("safetensors: malformed files are rejected with a clear io_error") {
     CHECK_REJECTED(raw_file(R"({"__metadata__":["a"]})"), "__metadata__", "object of string values");
   }
   SUBCASE("duplicate keys") {
-    CHECK_REJECTED(raw_file("{" + ok_entry + "," + ok_entry + "}", zeros(8)), "duplicate JSON key 't'");
+    // The words of the project's one JSON reader (io::read_json), with the key path.
+    CHECK_REJECTED(raw_file("{" + ok_entry + "," + ok_entry + "}", zeros(8)),
+                   "has the key 't' twice (in the top level)", "only once");
     CHECK_REJECTED(
         raw_file(R"({"t":{"dtype":"F32","dtype":"F64","shape":[2],"data_offsets":[0,8]}})", zeros(8)),
-        "duplicate JSON key 'dtype'", "inside 't'");
-    CHECK_REJECTED(raw_file(R"({"__metadata__":{"a":"1","a":"2"}})"), "duplicate JSON key 'a'");
+        "has the key 'dtype' twice (in t)");
+    CHECK_REJECTED(raw_file(R"({"__metadata__":{"a":"1","a":"2"}})"), "has the key 'a' twice (in __metadata__)");
   }
   SUBCASE("the minimal valid files are accepted") {
     CHECK(parse_error(raw_file("{}")).empty());
@@ -628,7 +630,8 @@ TEST_CASE("safetensors: a header nesting arrays 100,000 deep is refused, not a s
   // which recursed once per level and died with SIGSEGV.
   const std::size_t depth = 100000;
   const std::string header = "{\"a\":" + std::string(depth, '[') + std::string(depth, ']') + "}";
-  CHECK_REJECTED(raw_file(header), "nests JSON arrays or objects more than 8 levels deep");
+  CHECK_REJECTED(raw_file(header), "nests JSON arrays or objects more than 8 levels deep (at a[0][0][0][0][0][0]",
+                 "at most 8 are accepted");
   // Objects nest the same way, and so does a deep value in the metadata.
   std::string objects = "{\"a\":";
   for (int i = 0; i < 50000; ++i) objects += "{\"b\":";
@@ -695,6 +698,17 @@ TEST_CASE("safetensors: more than max_tensors entries are refused before they ar
     header += (i ? "," : "") + ("\"" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}");
   header += "}";
   CHECK_REJECTED(raw_file(header), "more than 100000 tensors", "at most 100000 are accepted");
+  // Far more members than that stop the reader's first pass, before any value is built; a long
+  // array (a shape) is bounded the same way.
+  header.pop_back();
+  for (std::size_t i = 0; i < 10; ++i)
+    header += ",\"x" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  header += "}";
+  CHECK_REJECTED(raw_file(header), "more than 100001 members in one object or array (at the top level)");
+  std::string shape = "[1";
+  for (std::size_t i = 0; i <= io::max_tensors; ++i) shape += ",1";
+  CHECK_REJECTED(raw_file("{\"t\":{\"dtype\":\"U8\",\"shape\":" + shape + "],\"data_offsets\":[0,1]}}", zeros(1)),
+                 "more than 100001 members in one object or array (at t.shape)");
 }
 
 TEST_CASE("safetensors: remove_stale_temporaries removes a killed writer's temporaries, keeps the rest") {

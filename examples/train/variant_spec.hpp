@@ -5,7 +5,7 @@
 #include <string>
 
 #include <coupledqk/core/error.hpp>
-#include <coupledqk/io/safetensors.hpp>  // io::detail::quote: a bounded excerpt of the text
+#include <coupledqk/io/quote.hpp>  // io::detail::quote: a bounded excerpt of the text
 #include <coupledqk/registry.hpp>
 
 namespace coupledqk::train {

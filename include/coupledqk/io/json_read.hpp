@@ -1,12 +1,13 @@
-// The one way the project reads a JSON document from a file (study plans and results, checkpoint
-// metadata; the safetensors header applies the same rules in its own first pass, safetensors.hpp):
+// The one way the project reads a JSON document (study plans and results, checkpoint metadata,
+// corpus chapters, safetensors headers; Python's coupledqk.safetensors applies the same rules):
 //
 //     const nlohmann::json j = coupledqk::io::read_json(text, "plan 'p.json'", {4 << 20, 16});
 //
-// Limits, checked before anything is built: at most `max_bytes` of text and `max_depth` levels of
+// Limits, checked before anything is built: at most `max_bytes` of text, `max_depth` levels of
 // nesting (the root is level 1), so that neither the parser nor anything that walks or prints the
-// value (dump, destruction, messages) recurses without bound; a key that appears twice in one object
-// is an error (a DOM would keep one of them silently). Errors name the source, the key path
+// value (dump, destruction, messages) recurses without bound, and at most `max_members` keys in one
+// object or elements in one array; a key that appears twice in one object is an error (a DOM would
+// keep one of them silently). Errors name the source, the key path
 // ("groups[2].set.dim") and what is accepted; quoted keys and values are cut to a bounded length
 // (detail::quote, detail::excerpt). Time and memory are linear in the text's size.
 #pragma once
@@ -20,13 +21,14 @@
 #include <nlohmann/json.hpp>
 
 #include "../core/error.hpp"
-#include "safetensors.hpp"  // detail::quote, detail::excerpt
+#include "quote.hpp"  // detail::quote, detail::excerpt
 
 namespace coupledqk::io {
 
 struct json_limits {
   std::size_t max_bytes = 16u << 20;  ///< longest text accepted
   int max_depth = 16;                 ///< deepest nesting of arrays and objects (root: 1)
+  std::size_t max_members = static_cast<std::size_t>(-1);  ///< most keys of one object / elements of one array
 };
 
 namespace detail {
@@ -38,11 +40,12 @@ struct bounded_json_scan {
     bool object = false;
     std::unordered_set<std::string> keys;
     std::string key;        // object: the last key read
-    std::size_t index = 0;  // array: elements started so far
+    std::size_t index = 0;  // array: elements started so far; object: keys read so far
   };
   int max_depth = 16;
+  std::size_t max_members = static_cast<std::size_t>(-1);
   std::vector<frame> frames;
-  bool too_deep = false, duplicate = false;
+  bool too_deep = false, duplicate = false, too_many = false;
   std::string where, duplicate_key, error;
 
   /// "groups[2].set" -- the path of the value inside the first `n` frames (keys quoted, bounded).
@@ -57,15 +60,19 @@ struct bounded_json_scan {
     }
     return out.empty() ? std::string("the top level") : out;
   }
-  void element() {
-    if (!frames.empty() && !frames.back().object) ++frames.back().index;
-  }
-  bool value() {
-    element();
+  /// A value starts; false when it is one element too many of its array.
+  bool element() {
+    if (frames.empty() || frames.back().object) return true;
+    if (++frames.back().index > max_members) {
+      too_many = true;
+      where = path_of(frames.size() - 1);
+      return false;
+    }
     return true;
   }
+  bool value() { return element(); }
   bool open(bool object) {
-    element();
+    if (!element()) return false;
     if (frames.size() >= static_cast<std::size_t>(max_depth)) {
       too_deep = true;
       where = path_of(frames.size());
@@ -93,6 +100,11 @@ struct bounded_json_scan {
   bool end_array() { return close(); }
   bool key(std::string& k) {
     frame& f = frames.back();
+    if (++f.index > max_members) {
+      too_many = true;
+      where = path_of(frames.size() - 1);
+      return false;
+    }
     if (!f.keys.insert(k).second) {
       duplicate = true;
       duplicate_key = k;
@@ -111,31 +123,47 @@ struct bounded_json_scan {
 
 }  // namespace detail
 
-/// Parses `text` under `limits`; `what` names the source in messages ("plan 'studies/x.json'").
-/// Throws Error (io_error by default) saying what was wrong, where, and what is accepted. Json:
-/// nlohmann::json or nlohmann::ordered_json.
+/// Parses the text [first, last) under `limits`; `what` names the source in messages ("plan
+/// 'studies/x.json'", "safetensors file 'm.safetensors': the 120-byte header"), `expected` (may be
+/// empty) says what the text should be when it is not JSON. Throws Error (io_error by default)
+/// saying what was wrong, where (the key path), and what is accepted. Json: nlohmann::json or
+/// nlohmann::ordered_json.
 template <class Error = io_error, class Json = nlohmann::json>
-Json read_json(const std::string& text, const std::string& what, const json_limits& limits = {}) {
+Json read_json(const char* first, const char* last, const std::string& what, const json_limits& limits = {},
+               const std::string& expected = {}) {
   using json = Json;
-  if (text.size() > limits.max_bytes)
-    throw Error(what + " is " + std::to_string(text.size()) + " bytes long; at most " +
-                std::to_string(limits.max_bytes) + " bytes are accepted (is it the right file?)");
+  const auto size = static_cast<std::size_t>(last - first);
+  if (size > limits.max_bytes)
+    throw Error(what + " is " + std::to_string(size) + " bytes long; at most " + std::to_string(limits.max_bytes) +
+                " bytes are accepted (is it the right file?)");
   detail::bounded_json_scan scan;
   scan.max_depth = limits.max_depth;
-  const bool valid = json::sax_parse(text, &scan);
+  scan.max_members = limits.max_members;
+  const bool valid = json::sax_parse(first, last, &scan);
+  const std::string at = " (at " + scan.where + ")";
   if (scan.too_deep)
     throw Error(what + " nests JSON arrays or objects more than " + std::to_string(limits.max_depth) +
-                " levels deep (at " + scan.where + "); at most " + std::to_string(limits.max_depth) +
-                " are accepted");
+                " levels deep" + at + "; at most " + std::to_string(limits.max_depth) + " are accepted");
+  if (scan.too_many)
+    throw Error(what + " has more than " + std::to_string(limits.max_members) + " members in one object or array" +
+                at + "; at most " + std::to_string(limits.max_members) + " are accepted");
   if (scan.duplicate)
     throw Error(what + " has the key '" + detail::quote(scan.duplicate_key) + "' twice (in " + scan.where +
                 "); every key may appear only once in an object");
-  if (!valid) throw Error(what + " is not valid JSON (" + detail::quote(scan.error) + ")");
+  const std::string hint = expected.empty() ? std::string() : "; expected " + expected;
+  if (!valid) throw Error(what + " is not valid JSON (" + detail::quote(scan.error) + ")" + hint);
   try {
-    return json::parse(text);  // valid and bounded: the first pass said so
+    return json::parse(first, last);  // valid and bounded: the first pass said so
   } catch (const typename json::exception& e) {
-    throw Error(what + " is not valid JSON (" + detail::quote(e.what()) + ")");
+    throw Error(what + " is not valid JSON (" + detail::quote(e.what()) + ")" + hint);
   }
+}
+
+/// read_json() of a whole string.
+template <class Error = io_error, class Json = nlohmann::json>
+Json read_json(const std::string& text, const std::string& what, const json_limits& limits = {},
+               const std::string& expected = {}) {
+  return read_json<Error, Json>(text.data(), text.data() + text.size(), what, limits, expected);
 }
 
 /// A value from a file, fit for a message: its compact text, cut to a bounded length. Safe on any

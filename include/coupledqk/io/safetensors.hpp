@@ -50,6 +50,8 @@
 #include "../core/parameters.hpp"
 #include "../core/types.hpp"
 #include "atomic_file.hpp"  // write_file_atomically, remove_stale_temporaries
+#include "json_read.hpp"    // read_json: the header
+#include "quote.hpp"        // detail::quote, detail::excerpt, detail::join_names
 
 
 namespace coupledqk::io {
@@ -173,49 +175,6 @@ std::string format_shape(const std::vector<Int>& shape) {
   std::string out = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
-}
-
-/// Longest quotation of a value taken from a file (in bytes, before escaping) in a message.
-inline constexpr std::size_t max_quoted_bytes = 160;
-
-/// `s` with control characters and non-ASCII bytes written as \xNN (for parser messages that
-/// quote raw bytes of a binary file).
-inline std::string printable(const std::string& s) {
-  static const char hex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  return out;
-}
-
-/// A name or string from a file, fit for a message: printable() and cut after max_quoted_bytes
-/// ("...(N bytes in all)"), so that a hostile file cannot make a message of its own size.
-inline std::string quote(const std::string& s) {
-  if (s.size() <= max_quoted_bytes) return printable(s);
-  return printable(s.substr(0, max_quoted_bytes)) + "...(" + std::to_string(s.size()) + " bytes in all)";
-}
-
-/// A JSON value from a file, fit for a message: its compact text cut like quote(). The value's
-/// depth is bounded by the parser (max_header_depth), so dump() does not recurse without bound.
-template <class Json>
-std::string excerpt(const Json& value) {
-  return quote(value.dump(-1, ' ', false, Json::error_handler_t::replace));
-}
-
-/// "a, b, c" -- at most `max_names` names, each quote()d, then ", ... (N in all)"; "(none)" when empty.
-inline std::string join_names(const std::vector<std::string>& names, std::size_t max_names = 32) {
-  if (names.empty()) return "(none)";
-  std::string out;
-  for (std::size_t i = 0; i < names.size() && i < max_names; ++i) out += (i ? ", " : "") + quote(names[i]);
-  if (names.size() > max_names) out += ", ... (" + std::to_string(names.size()) + " in all)";
-  return out;
 }
 
 /// a * b, or false on overflow of std::uint64_t.
@@ -460,76 +419,11 @@ struct file {
 /// Refuse header lengths above this before allocating or parsing anything.
 inline constexpr std::uint64_t max_header_bytes = 100u * 1024u * 1024u;
 /// Deepest nesting of JSON arrays and objects accepted in a header (the root object is level 1; a
-/// valid header uses 3: root, tensor entry, shape). Enforced while parsing, so neither the parser
-/// nor anything that walks the parsed value (dump, destruction) recurses deeper.
+/// valid header uses 3: root, tensor entry, shape). Enforced while parsing (read_json), so neither
+/// the parser nor anything that walks the parsed value (dump, destruction) recurses deeper.
 inline constexpr int max_header_depth = 8;
 /// Most tensors accepted in one file (a checkpoint of the training example holds a few hundred).
 inline constexpr std::size_t max_tensors = 100000;
-
-namespace detail {
-
-/// SAX handler of parse()'s first pass over a header: stops at the first level of nesting past
-/// max_header_depth or at the root's (max_tensors + 1)-th tensor, and notes the first duplicated key of
-/// any object (with the key of the object that holds it). Builds nothing.
-struct header_scan {
-  struct frame {
-    bool object = false;
-    std::set<std::string> keys;
-    std::string owner, last_key;
-  };
-  std::vector<frame> frames;
-  std::size_t tensors = 0;  // keys of the root object but "__metadata__"
-  bool too_deep = false, too_many = false, duplicate = false;
-  std::string duplicate_key, duplicate_owner, error;
-
-  bool open(bool object) {
-    if (frames.size() >= static_cast<std::size_t>(max_header_depth)) {
-      too_deep = true;
-      return false;
-    }
-    frame f;
-    f.object = object;
-    if (!frames.empty()) f.owner = frames.back().last_key;
-    frames.push_back(std::move(f));
-    return true;
-  }
-  bool close() {
-    if (!frames.empty()) frames.pop_back();
-    return true;
-  }
-  bool null() { return true; }
-  bool boolean(bool) { return true; }
-  bool number_integer(std::int64_t) { return true; }
-  bool number_unsigned(std::uint64_t) { return true; }
-  bool number_float(double, const std::string&) { return true; }
-  bool string(std::string&) { return true; }
-  bool binary(std::vector<std::uint8_t>&) { return true; }
-  bool start_object(std::size_t) { return open(true); }
-  bool end_object() { return close(); }
-  bool start_array(std::size_t) { return open(false); }
-  bool end_array() { return close(); }
-  bool key(std::string& k) {
-    frame& f = frames.back();
-    if (frames.size() == 1 && k != "__metadata__" && ++tensors > max_tensors) {
-      too_many = true;
-      return false;
-    }
-    if (!f.keys.insert(k).second && !duplicate) {
-      duplicate = true;
-      duplicate_key = k;
-      duplicate_owner = f.owner;
-    }
-    f.last_key = k;
-    return true;
-  }
-  template <class Exception>
-  bool parse_error(std::size_t, const std::string&, const Exception& e) {
-    error = e.what();
-    return false;
-  }
-};
-
-}  // namespace detail
 
 // ---- reading ------------------------------------------------------------------------------------
 
@@ -557,39 +451,21 @@ inline file parse(const std::vector<unsigned char>& bytes, const std::string& wh
                     " bytes after the 8-byte length field; the file is truncated or not a safetensors file"));
   if (header_len == 0) fail("header length is 0; the header must be a JSON object");
 
-  // A first pass over the header as a stream of SAX events, which builds nothing: it enforces the
-  // nesting limit and the tensor count while reading, and notes the first duplicated key (a DOM
-  // keeps only one of them). (nlohmann's DOM parser with a callback would do the same in one pass,
-  // but it rescans the parent object each time an object ends: quadratic in the tensor count.)
+  // The project's one bounded JSON reader (json_read.hpp): a first pass of SAX events that builds
+  // nothing enforces the depth and member limits and refuses a duplicated key (a DOM keeps only
+  // one of them), then the DOM is built. The member limit leaves room for "__metadata__"; the
+  // exact tensor count is checked below.
   const char* text = reinterpret_cast<const char*>(bytes.data() + 8);
-  detail::header_scan scan;
-  const bool valid = json::sax_parse(text, text + header_len, &scan);
-  if (scan.too_deep)
-    fail(detail::cat("the header nests JSON arrays or objects more than ", max_header_depth,
-                     " levels deep; a safetensors header needs 3 (the file is corrupt or hostile)"));
-  if (scan.too_many)
-    fail(detail::cat("the header lists more than ", max_tensors, " tensors; at most ", max_tensors,
-                     " are accepted"));
-  if (!valid)
-    fail(detail::cat("the ", header_len, "-byte header is not valid JSON (", detail::quote(scan.error),
-                     "); expected a JSON object -- is this a safetensors file?"));
-  json header;
-  try {  // valid, and at most max_header_depth deep
-    header = json::parse(text, text + header_len);
-  } catch (const json::exception& e) {
-    fail(detail::cat("the ", header_len, "-byte header is not valid JSON (", detail::quote(e.what()),
-                     "); expected a JSON object -- is this a safetensors file?"));
-  }
-  const bool duplicate = scan.duplicate;
-  const std::string& duplicate_key = scan.duplicate_key;
-  const std::string& duplicate_owner = scan.duplicate_owner;
-  if (duplicate)
-    fail("duplicate JSON key '" + detail::quote(duplicate_key) + "' in the header" +
-         (duplicate_owner.empty() ? std::string() : " (inside '" + detail::quote(duplicate_owner) + "')") +
-         "; every key may appear only once");
+  const json header = read_json<io_error, json>(
+      text, text + header_len, detail::cat(where, "the ", header_len, "-byte header"),
+      json_limits{max_header_bytes, max_header_depth, max_tensors + 1},
+      "a JSON object mapping tensor names to {dtype, shape, data_offsets} -- is this a safetensors file?");
   if (!header.is_object())
     fail(std::string("the header is a JSON ") + header.type_name() +
          "; expected a JSON object mapping tensor names to {dtype, shape, data_offsets}");
+  if (header.size() - header.count("__metadata__") > max_tensors)
+    fail(detail::cat("the header lists more than ", max_tensors, " tensors; at most ", max_tensors,
+                     " are accepted"));
 
   const std::uint64_t buffer_len = size - 8 - header_len;
   const unsigned char* buffer = bytes.data() + 8 + header_len;
