@@ -57,11 +57,17 @@ def _check_variant(name):
     return name
 
 
-def _check_int(name, value, low):
+def _check_int(name, value, low=None, bits=64):
+    """value as an int: TypeError unless it is one; ValueError when it does not fit the library's
+    `bits`-bit signed field (or is below `low`, for the settings the library does not see, such as a
+    seed). The rules on what a setting may be (dim, heads, steps, ...) are the library's own
+    (_C.check_attention, _C.check_gpt), so that Python says what C++ and the tools say."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int; got {type(value).__name__} {value!r}")
-    if value < low:
+    if low is not None and value < low:
         raise ValueError(f"{name} must be >= {low}; got {value}")
+    if not -2**(bits - 1) <= value < 2**(bits - 1):
+        raise ValueError(f"{name} is {value}; it must fit a {bits}-bit signed integer")
     return int(value)
 
 
@@ -94,17 +100,24 @@ def _allocate(what, nbytes, make):
 
 
 def _check_settings(attention, steps, memory):
+    """The types of the settings every layer shares; their values are the library's to judge."""
     _check_variant(attention)
-    steps = _check_int("steps", steps, 1)
-    if steps > max_steps:
-        raise ValueError(f"steps must be in 1..{max_steps}; got {steps}")
-    if memory not in _MEMORY:
-        raise ValueError(f"memory must be one of {', '.join(map(repr, _MEMORY))}; got {memory!r}")
-    if memory == "recompute" and not _VARIANTS[attention]["is_reversible"]:
-        reversible = [n for n, v in _VARIANTS.items() if v["is_reversible"]]
-        raise ValueError(f"memory='recompute' needs a reversible integrator; attention {attention!r} "
-                         f"({_VARIANTS[attention]['integrator']}) is not; accepted: {', '.join(reversible)}")
-    return steps
+    if not isinstance(memory, str):
+        raise TypeError(f"memory must be 'store' or 'recompute' (a str); got {type(memory).__name__} {memory!r}")
+    return _check_int("steps", steps, bits=32)
+
+
+def _check_layer(attention, steps, dim, heads, hidden, layer_index, init_std=0.02, dynamics_init_scale=0.0,
+                 init_time=1.0, memory="store"):
+    """ValueError, in the library's words (Attention::check_config, the table's name and step
+    rules), unless the library's layer takes these settings; nothing is built."""
+    steps = _check_settings(attention, steps, memory)
+    ints = (_check_int("dim", dim), _check_int("heads", heads), _check_int("hidden", hidden),
+            _check_int("layer_index", layer_index, bits=32))
+    floats = (_check_float("init_std", init_std), _check_float("dynamics_init_scale", dynamics_init_scale),
+              _check_float("init_time", init_time))
+    _C.check_attention(attention, steps, *ints, *floats, memory)
+    return (steps, *ints, *floats)
 
 
 def _check_input(x):
@@ -121,9 +134,8 @@ def _cached_layer(attention, steps, dim, heads, hidden, layer_index, memory):
 
 def parameter_shapes(dim, heads, attention="leapfrog", steps=1, hidden=0):
     """{name: shape} of every parameter of a layer, in the library's order."""
-    _check_settings(attention, steps, "store")
-    layer = _cached_layer(attention, int(steps), _check_int("dim", dim, 1), _check_int("heads", heads, 1),
-                          _check_int("hidden", hidden, 0), 0, "store")
+    steps, dim, heads, hidden = _check_layer(attention, steps, dim, heads, hidden, 0)[:4]
+    layer = _cached_layer(attention, steps, dim, heads, hidden, 0, "store")
     return {name: tuple(shape) for name, shape in layer.specs()}
 
 
@@ -152,14 +164,13 @@ def attention(x, params, attention="leapfrog", steps=1, heads=None, layer_index=
     [B, T, dim]; differentiable in x and every parameter.
     """
     _check_input(x)
-    steps = _check_settings(attention, steps, memory)
     if heads is None:
         raise TypeError("attention() needs heads= (the number of query/key pairs per token)")
-    heads = _check_int("heads", heads, 1)
     if x.dim() != 3:
         raise ValueError(f"x has shape {list(x.shape)} (rank {x.dim()}); expected [B, T, dim]")
-    layer = _cached_layer(attention, steps, int(x.shape[-1]), heads, _check_int("hidden", hidden, 0),
-                          _check_int("layer_index", layer_index, 0), memory)
+    steps, dim, heads, hidden, layer_index = _check_layer(attention, steps, int(x.shape[-1]), heads, hidden,
+                                                          layer_index, memory=memory)[:5]
+    layer = _cached_layer(attention, steps, dim, heads, hidden, layer_index, memory)
     names = [name for name, _ in layer.specs()]
     if not hasattr(params, "keys"):
         raise TypeError(f"params must be a mapping name -> tensor; got {type(params).__name__}")
@@ -235,9 +246,8 @@ class CoupledAttention(nn.Module):
     def __init__(self, dim, heads, attention="leapfrog", steps=1, *, hidden=0, layer_index=0, init_std=0.02,
                  dynamics_init_scale=0.0, init_time=1.0, memory="store", dtype=torch.float32, seed=None):
         super().__init__()
-        steps = _check_settings(attention, steps, memory)
-        dim, heads = _check_int("dim", dim, 1), _check_int("heads", heads, 1)
-        hidden, layer_index = _check_int("hidden", hidden, 0), _check_int("layer_index", layer_index, 0)
+        steps, dim, heads, hidden, layer_index, *init = _check_layer(
+            attention, steps, dim, heads, hidden, layer_index, init_std, dynamics_init_scale, init_time, memory)
         if dtype not in _DTYPES:
             raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
         if seed is None:
@@ -245,8 +255,6 @@ class CoupledAttention(nn.Module):
         seed = _check_int("seed", seed, 0)
         self.dim, self.heads, self.attention, self.steps = dim, heads, attention, steps
         self.hidden, self.layer_index, self.memory = hidden, layer_index, memory
-        init = (_check_float("init_std", init_std), _check_float("dynamics_init_scale", dynamics_init_scale),
-                _check_float("init_time", init_time))
         # wq, wk, wv, wo: 4 dim^2 values, and a dynamics width's dim * hidden, built in float64 first
         what = f"CoupledAttention(dim={dim}, heads={heads}, hidden={hidden})"
         nbytes = 8 * (4 * dim * dim + dim * hidden)

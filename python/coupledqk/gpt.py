@@ -64,9 +64,15 @@ class GPT(nn.Module):
     def __init__(self, vocab, dim, layers, heads, context, attention="leapfrog", steps=1, *, init_std=0.02,
                  dtype=torch.float32, **attention_kw):
         super().__init__()
-        from . import _allocate, _check_int
-        vocab, dim, layers = _check_int("vocab", vocab, 1), _check_int("dim", dim, 1), _check_int("layers", layers, 1)
-        heads, context = _check_int("heads", heads, 1), _check_int("context", context, 1)
+        from . import _C, _allocate, _check_float, _check_int, _check_settings
+        vocab, dim, layers = _check_int("vocab", vocab), _check_int("dim", dim), _check_int("layers", layers)
+        heads, context = _check_int("heads", heads), _check_int("context", context)
+        steps = _check_settings(attention, steps, attention_kw.get("memory", "store"))
+        # The library's rules (validate(GptConfig), each layer's), in its words, before anything is built.
+        _C.check_gpt(vocab, dim, layers, heads, context, _check_int("hidden", attention_kw.get("hidden", 0)), attention,
+                     steps, _check_float("init_std", init_std),
+                     _check_float("dynamics_init_scale", attention_kw.get("dynamics_init_scale", 0.0)),
+                     _check_float("init_time", attention_kw.get("init_time", 1.0)), attention_kw.get("memory", "store"))
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
         self.vocab, self.context = vocab, context

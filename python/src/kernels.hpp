@@ -1,7 +1,7 @@
-// The library's attention layer behind a torch-free interface, so that the heavy template
-// instantiations (every variant of builtin_variants at every step count, float and double) live in
-// translation units that never include a PyTorch header (kernels_float.cpp, kernels_double.cpp),
-// and the pybind11 + libtorch glue (module.cpp) compiles no layer code.
+// The library's attention layer behind a torch-free interface, so that the pybind11 + libtorch
+// glue (module.cpp) compiles no layer code. The layers themselves are the compiled table's
+// (coupledqk::variants_layers: every variant of builtin_variants at every step count, float and
+// double, compiled once for the project); kernels_float.cpp and kernels_double.cpp wrap it.
 //
 // Shapes: x, y, dy, dx are [B*T, D] row-major, rows ordered (b, t); every parameter is row-major
 // with the shape its TensorSpec names (specs(), the order of Attention::parameter_specs).
@@ -54,6 +54,18 @@ class Kernel {
 /// (a ValueError in Python) for an unknown name, steps outside 1..max_steps or an unusable config.
 template <class S>
 std::unique_ptr<Kernel<S>> make_kernel(const std::string& attention, int steps, const AttentionConfig& config);
+
+/// Throws coupledqk::invalid_argument (a ValueError in Python), in the library's own words, unless
+/// make_kernel(attention, steps, config) would accept these: a name of the table, steps in
+/// 1..max_steps, a config the layer takes (Attention::check_config: sizes, the scoring's shape
+/// rules, recompute only for reversible integrators). Builds and allocates nothing, so that the
+/// Python module refuses a setting with the words the C++ API and the tools use.
+void check_attention(const std::string& attention, int steps, const AttentionConfig& config);
+
+/// The same for a GPT of these sizes (validate(GptConfig), then check_attention for its blocks'
+/// layers: the first and the last differ only in layer_index).
+void check_gpt(Index vocab, Index dim, Index layers, Index heads, Index context, Index hidden,
+               const std::string& attention, int steps, double init_std, const AttentionConfig& layer);
 
 extern template std::unique_ptr<Kernel<float>> make_kernel<float>(const std::string&, int, const AttentionConfig&);
 extern template std::unique_ptr<Kernel<double>> make_kernel<double>(const std::string&, int, const AttentionConfig&);

@@ -1,4 +1,4 @@
-// make_kernel<float>: every built-in variant in single precision (see kernels_impl.hpp).
+// make_kernel<float>: the compiled table's layers in single precision (see kernels_impl.hpp).
 #include "kernels_impl.hpp"
 
 namespace coupledqk::python {

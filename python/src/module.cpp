@@ -60,6 +60,23 @@ coupledqk::DynamicsMemory parse_memory(const std::string& m) {
   throw py::value_error("memory must be 'store' or 'recompute'; got '" + m + "'");
 }
 
+/// An AttentionConfig from the Python module's keywords (memory by name).
+coupledqk::AttentionConfig attention_config(Index dim, Index heads, Index hidden, int layer_index, double init_std,
+                                            double dynamics_init_scale, double init_time, const std::string& memory,
+                                            bool reference_kernels) {
+  coupledqk::AttentionConfig c;
+  c.dim = dim;
+  c.heads = heads;
+  c.hidden = hidden;
+  c.layer_index = layer_index;
+  c.init_std = init_std;
+  c.dynamics_init_scale = dynamics_init_scale;
+  c.init_time = init_time;
+  c.memory = parse_memory(memory);
+  c.reference_kernels = reference_kernels;
+  return c;
+}
+
 /// The dtypes the layer runs in: float32 and float64; TypeError for anything else.
 void require_dtype(const at::Tensor& t, const std::string& what) {
   const auto s = t.scalar_type();
@@ -123,17 +140,13 @@ class Layer {
  public:
   Layer(std::string attention, int steps, Index dim, Index heads, Index hidden, int layer_index, double init_std,
         double dynamics_init_scale, double init_time, const std::string& memory, bool reference_kernels)
-      : attention_(std::move(attention)), steps_(steps), memory_(memory) {
-    config_.dim = dim;
-    config_.heads = heads;
-    config_.hidden = hidden;
-    config_.layer_index = layer_index;
-    config_.init_std = init_std;
-    config_.dynamics_init_scale = dynamics_init_scale;
-    config_.init_time = init_time;
-    config_.memory = parse_memory(memory);
-    config_.reference_kernels = reference_kernels;
-    kernel<double>();  // checks the name, the steps and the config now
+      : attention_(std::move(attention)),
+        steps_(steps),
+        memory_(memory),
+        config_(attention_config(dim, heads, hidden, layer_index, init_std, dynamics_init_scale, init_time, memory,
+                                 reference_kernels)) {
+    cp::check_attention(attention_, steps_, config_);  // the name, the steps and the config, before allocating
+    kernel<double>();
   }
 
   /// [(name, shape)] of every parameter, in the library's order.
@@ -267,6 +280,32 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   }, "Every attention variant of the library's table (builtin_variants), in table order, as dicts.");
+
+  m.def(
+      "check_attention",
+      [](const std::string& attention, int steps, Index dim, Index heads, Index hidden, int layer_index,
+         double init_std, double dynamics_init_scale, double init_time, const std::string& memory) {
+        cp::check_attention(attention, steps,
+                            attention_config(dim, heads, hidden, layer_index, init_std, dynamics_init_scale,
+                                             init_time, memory, false));
+      },
+      py::arg("attention"), py::arg("steps"), py::arg("dim"), py::arg("heads"), py::arg("hidden"),
+      py::arg("layer_index"), py::arg("init_std"), py::arg("dynamics_init_scale"), py::arg("init_time"),
+      py::arg("memory"),
+      "ValueError, in the library's words, unless the library's layer takes these settings; builds nothing.");
+  m.def(
+      "check_gpt",
+      [](Index vocab, Index dim, Index layers, Index heads, Index context, Index hidden, const std::string& attention,
+         int steps, double init_std, double dynamics_init_scale, double init_time, const std::string& memory) {
+        cp::check_gpt(vocab, dim, layers, heads, context, hidden, attention, steps, init_std,
+                      attention_config(dim, heads, hidden, 0, init_std, dynamics_init_scale, init_time, memory,
+                                       false));
+      },
+      py::arg("vocab"), py::arg("dim"), py::arg("layers"), py::arg("heads"), py::arg("context"), py::arg("hidden"),
+      py::arg("attention"), py::arg("steps"), py::arg("init_std"), py::arg("dynamics_init_scale"),
+      py::arg("init_time"), py::arg("memory"),
+      "ValueError, in the library's words (validate(GptConfig), the layers' rules), unless a GPT of these "
+      "settings can be built; builds nothing.");
 
   py::class_<PassHandle>(m, "Pass", "What one forward kept for its backward.")
       .def("backward", &PassHandle::backward, py::arg("dy"),

@@ -106,10 +106,20 @@ def test_scalar_where_a_matrix_is_expected():
 
 
 def test_gpt_sizes_and_token_ids():
-    raises(ValueError, coupledqk.GPT, 0, 8, 1, 2, 4, contains=("vocab", ">= 1", "0"))
-    raises(ValueError, coupledqk.GPT, 10, 8, -1, 2, 4, contains=("layers", ">= 1", "-1"))
-    raises(ValueError, coupledqk.GPT, 10, 0, 1, 2, 4, contains=("dim", "0"))
-    raises(ValueError, coupledqk.GPT, 10, 8, 1, 2, 0, contains=("context", "0"))
+    # The library's own rules and words (validate(GptConfig) in model/gpt.hpp), not Python's.
+    raises(ValueError, coupledqk.GPT, 0, 8, 1, 2, 4, contains=("gpt: vocab (V) must be positive; got 0",))
+    raises(ValueError, coupledqk.GPT, 10, 8, -1, 2, 4, contains=("gpt: layers (L) must be positive; got -1",))
+    raises(ValueError, coupledqk.GPT, 10, 0, 1, 2, 4, contains=("gpt: dim (D) must be positive; got 0",))
+    raises(ValueError, coupledqk.GPT, 10, 8, 1, 2, 0, contains=("gpt: context", "must be positive; got 0"))
+    raises(ValueError, coupledqk.GPT, 10, 9, 1, 2, 4, contains=("gpt: dim (D) must be divisible by heads (H)",))
+    raises(ValueError, coupledqk.GPT, 2**31, 8, 1, 2, 4, contains=("int32", str(2**31)))
+    raises(ValueError, coupledqk.GPT, 10, 8, 1, 1, 4, attention="diff", contains=("even",))
+    raises(ValueError, coupledqk.GPT, 10, 8, 1, 2, 4, steps=0, contains=("gpt: steps must be >= 1; got 0",))
+    raises(ValueError, coupledqk.GPT, 10, 8, 1, 2, 4, steps=coupledqk.max_steps + 1,
+           contains=(f"steps must be in 1..{coupledqk.max_steps}; got {coupledqk.max_steps + 1}",))
+    raises(ValueError, coupledqk.GPT, 10, 8, 1, 2, 4, attention="nope", contains=("unknown attention variant 'nope'",))
+    raises(ValueError, coupledqk.GPT, 10, 8, 1, 2, 4, init_time=0.0, contains=("init_time", "got 0"))
+    raises(ValueError, coupledqk.GPT, 2**70, 8, 1, 2, 4, contains=("vocab", str(2**70), "64-bit"))
     raises(TypeError, coupledqk.GPT, 10.5, 8, 1, 2, 4, contains=("vocab", "10.5"))
     gpt = coupledqk.GPT(10, 8, 1, 2, 4, attention="leapfrog", steps=1)
     raises(ValueError, gpt, torch.tensor([[1, -1]]), contains=("token ids", "[0, vocab = 10)", "-1"))
@@ -122,7 +132,7 @@ def test_gpt_sizes_and_token_ids():
 
 
 def test_unallocatable_sizes_name_the_setting_and_the_bytes():
-    msg = raises(ValueError, coupledqk.GPT, 10**12, 1024, 1, 4, 8, contains=("vocab=1000000000000", "bytes"))
+    msg = raises(ValueError, coupledqk.GPT, 10**9, 2**20, 1, 4, 8, contains=("vocab=1000000000", "dim=1048576", "bytes"))
     assert "MemoryError" not in msg and "bad_alloc" not in msg
     raises(ValueError, coupledqk.CoupledAttention, 10**8, 4, contains=("dim=100000000", "320000000000000000 bytes"))
     # under the cap but beyond any machine (2 TiB per matrix): the allocation itself fails -> the same
@@ -132,6 +142,25 @@ def test_unallocatable_sizes_name_the_setting_and_the_bytes():
         if f.read().strip() == "1":
             return
     raises(ValueError, coupledqk.CoupledAttention, 2**19, 4, contains=("dim=524288", "bytes", "cannot be allocated"))
+
+
+
+def test_layer_settings_in_the_library_words():
+    # CoupledAttention and the functional form refuse what the C++ layer refuses, with its words
+    # (Attention::check_config, the variant table), before anything is allocated.
+    layer = coupledqk.CoupledAttention
+    raises(ValueError, layer, 16, 0, contains=("attention: heads (H) must be positive; got 0",))
+    raises(ValueError, layer, 16, 4, hidden=-1, contains=("attention: hidden (m) must be >= 0", "got -1"))
+    raises(ValueError, layer, 16, 4, "diff", layer_index=-1, contains=("attention: layer_index must be >= 0; got -1",))
+    raises(ValueError, layer, 16, 4, init_std=float("nan"), contains=("init_std must be finite", "nan"))
+    raises(ValueError, layer, 16, 4, steps=0, contains=("attention 'leapfrog': steps must be in 1..", "got 0"))
+    raises(ValueError, layer, 16, 4, steps=2**40, contains=("steps", str(2**40), "32-bit"))
+    raises(ValueError, layer, 16, 4, "euler", memory="recompute", contains=("recompute needs a reversible integrator",))
+    raises(TypeError, layer, 16, 4, memory=3, contains=("memory", "3"))
+    x = torch.randn(1, 2, 16)
+    params = dict(coupledqk.CoupledAttention(16, 4).named_parameters())
+    raises(ValueError, coupledqk.attention, x, params, heads=3, contains=("attention: dim (D) must be divisible by heads",))
+    raises(ValueError, coupledqk.parameter_shapes, 16, 4, hidden=-2, contains=("attention: hidden (m) must be >= 0",))
 
 
 if __name__ == "__main__":
