@@ -5,6 +5,10 @@
 // lists of tests/policies.hpp, which hold Affine<1, 2, 3, 7>.)
 #include <doctest/doctest.h>
 
+// The calls by name (make_attention<float/double>) go to the compiled table (coupledqk::variants_layers,
+// built once for the whole project), so this file does not instantiate every variant again.
+#include <coupledqk/variants.hpp>
+
 #include <Eigen/LU>
 #include <cstdio>
 #include <limits>

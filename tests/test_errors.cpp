@@ -2,6 +2,10 @@
 // accepted; nothing is broadcast or truncated silently.
 #include <doctest/doctest.h>
 
+// The calls by name (make_attention<float/double>) go to the compiled table (coupledqk::variants_layers,
+// built once for the whole project), so this file does not instantiate every variant again.
+#include <coupledqk/variants.hpp>
+
 #include <cmath>
 #include <limits>
 

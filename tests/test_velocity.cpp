@@ -5,6 +5,10 @@
 // variants run in the typed tests of test_gradients.cpp and test_attention.cpp.)
 #include <doctest/doctest.h>
 
+// The calls by name (make_attention<float/double>) go to the compiled table (coupledqk::variants_layers,
+// built once for the whole project), so this file does not instantiate every variant again.
+#include <coupledqk/variants.hpp>
+
 #include <coupledqk/testing/gradcheck.hpp>
 #include <coupledqk/testing/properties.hpp>
 

@@ -14,6 +14,10 @@
 
 #include <doctest/doctest.h>
 
+// The calls by name (make_gpt<float>) go to the compiled table (coupledqk::variants_models,
+// built once for the whole project), so this file does not instantiate every variant again.
+#include <coupledqk/variants.hpp>
+
 #include <coupledqk/core/gemm.hpp>
 #include <coupledqk/core/parallel.hpp>
 #include <coupledqk/model/gpt.hpp>
