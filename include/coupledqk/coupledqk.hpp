@@ -18,6 +18,7 @@
 #include "integrators/policy.hpp"
 #include "integrators/splitting.hpp"
 #include "integrators/uncoupled.hpp"
+#include "positions/rope.hpp"
 #include "registry.hpp"
 #include "scoring/differential.hpp"
 #include "scoring/policy.hpp"
