@@ -21,9 +21,22 @@
 #include "core/random.hpp"
 #include "core/types.hpp"
 #include "integrators/policy.hpp"
+#include "positions/rope.hpp"
 #include "scoring/policy.hpp"
 
 namespace coupledqk {
+
+/// Where positions enter a layer: nowhere (the default, and what a model with learned absolute
+/// positions uses: they are added to x before the layer), or rotary embeddings of q and k.
+enum class Positions { none, rope };
+/// With rotary positions, where the rotation sits relative to the dynamics: after them (the
+/// dynamics see position-free q, k; the default) or before them.
+enum class RopeOrder { dynamics_then_rotate, rotate_then_dynamics };
+
+inline const char* to_string(Positions p) { return p == Positions::rope ? "rope" : "none"; }
+inline const char* to_string(RopeOrder o) {
+  return o == RopeOrder::rotate_then_dynamics ? "rotate-then-dynamics" : "dynamics-then-rotate";
+}
 
 /// Sizes and initialisation of one attention layer. Defaults follow the method spec.
 struct AttentionConfig {
@@ -38,6 +51,11 @@ struct AttentionConfig {
   /// Scoring kernels: false = tiled causal softmax that never forms T x T (scoring/flash_softmax.hpp);
   /// true = the plain reference path that stores every probability (scoring/causal_softmax.hpp).
   bool reference_kernels = false;
+  /// Rotary positions of q and k (positions/rope.hpp): none (default) or rope, with its base and
+  /// its order relative to the dynamics.
+  Positions positions = Positions::none;
+  double rope_base = default_rope_base;
+  RopeOrder rope_order = RopeOrder::dynamics_then_rotate;
 
   Index head_dim() const { return heads > 0 ? dim / heads : 0; }
   Index hidden_width() const { return hidden > 0 ? hidden : head_dim(); }
@@ -66,6 +84,12 @@ inline void validate(const AttentionConfig& c) {
           "attention: dynamics_init_scale must be finite and >= 0; got ", c.dynamics_init_scale);
   require(std::isfinite(c.init_time) && c.init_time > 0,
           "attention: init_time (tau at init) must be finite and > 0; got ", c.init_time);
+  if (c.positions == Positions::rope) {
+    require(c.head_dim() % 2 == 0, "attention: positions = rope needs an even head width D/H; got D/H = ",
+            c.head_dim(), " (D = ", c.dim, ", H = ", c.heads, ")");
+    require(std::isfinite(c.rope_base) && c.rope_base > 1, "attention: rope_base must be finite and > 1; got ",
+            c.rope_base);
+  }
 }
 
 /// softplus(x) = log(1 + e^x), stable; its inverse; and its derivative sigmoid(x).
@@ -130,6 +154,7 @@ class Attention {
     // backward's workspace (mutable: not part of what the forward kept)
     mutable Matrix<S> d_o, dq, dk, dv;          // [B*T, D]
     mutable Vector<S> dtau;                     // [B*T*H]
+    mutable Matrix<S> q_free, k_free;           // rope after the dynamics: Q', K' before the rotation
     mutable std::vector<Vector<S>> chunk_dtau;  // per chunk
     mutable std::vector<DynamicsParameters> partial;  // per chunk: its parameter gradient
   };
@@ -213,11 +238,21 @@ class Attention {
       for (Index h = 0; h < params.rho.size(); ++h) out.tau.push_back(static_cast<double>(softplus(params.rho(h))));
       Context c;
       Matrix<S> y;
-      forward_into(x, batch, &c, y);  // c.q, c.k: the evolved Q', K'
+      forward_into(x, batch, &c, y);  // c.q, c.k: the evolved Q', K' (rotated, with rope)
       const Index N = x.rows(), D = config_.dim, d = config_.head_dim(), P = N * config_.heads;
       Matrix<S> q0(N, D), k0(N, D);
       gemm<S>(x, false, params.wq, false, q0);
       gemm<S>(x, false, params.wk, false, k0);
+      if (config_.positions == Positions::rope) {  // what the dynamics saw going in and coming out
+        const Rope<S> rope(d, c.seq, config_.rope_base);
+        if (config_.rope_order == RopeOrder::rotate_then_dynamics) {
+          rope.rotate(q0, c.seq);
+          rope.rotate(k0, c.seq);
+        } else {
+          rope.rotate(c.q, c.seq, true);
+          rope.rotate(c.k, c.seq, true);
+        }
+      }
       auto mean_relative = [&](const Matrix<S>& before, const Matrix<S>& after) {
         const ConstMatrixMap<S> b(before.data(), P, d), a(after.data(), P, d);
         double sum = 0;
@@ -266,6 +301,9 @@ class Attention {
     gemm<S>(x, false, params.wq, false, c.q);  // core/gemm.hpp: no allocation, same bits on any thread count
     gemm<S>(x, false, params.wk, false, c.k);
     gemm<S>(x, false, params.wv, false, c.v);
+    const bool rope = config_.positions == Positions::rope;
+    const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
+    if (rotate_first) rotate_qk(c.q, c.k, T, false);
     if constexpr (Integrator::has_dynamics) {
       // The pairs are cut into fixed chunks, each integrated over all its sub-steps while it is in
       // cache, in parallel. The chunk size does not depend on the thread count, so neither do the
@@ -284,6 +322,7 @@ class Attention {
                                         ctx ? &c.dynamics[i] : nullptr, memory);
       });
     }
+    if (rope && !rotate_first) rotate_qk(c.q, c.k, T, false);  // c.q, c.k: what the scoring reads
     Scoring::template forward<S>(params.score, scoring_shape(batch, T), c.q, c.k, c.v, c.o,
                                  ctx ? &c.scoring : nullptr);
     y.resize(N, D);
@@ -318,6 +357,21 @@ class Attention {
     Matrix<S>&dq = c.dq, &dk = c.dk, &dv = c.dv;
     Scoring::template backward<S>(params.score, scoring_shape(c.batch, c.seq), c.q, c.k, c.v, c.o,
                                   c.scoring, d_o, dq, dk, dv, grad.score);
+    const bool rope = config_.positions == Positions::rope;
+    const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
+    // The dynamics' end states: Q', K' as the scoring read them, or before the rotation after them.
+    const Matrix<S>* q_end = &c.q;
+    const Matrix<S>* k_end = &c.k;
+    if (rope && !rotate_first) {
+      rotate_qk(dq, dk, c.seq, true);  // the rotation's backward: R^T
+      if constexpr (Integrator::has_dynamics) {
+        c.q_free = c.q;
+        c.k_free = c.k;
+        rotate_qk(c.q_free, c.k_free, c.seq, true);
+        q_end = &c.q_free;
+        k_end = &c.k_free;
+      }
+    }
     if constexpr (Integrator::has_dynamics) {
       // Chunk by chunk as in forward; each chunk's parameter gradient goes to its own buffer and
       // the buffers are added in chunk order (deterministic for any thread count).
@@ -329,7 +383,7 @@ class Attention {
       c.chunk_dtau.resize(static_cast<std::size_t>(chunks));
       c.dtau.resize(P);
       MatrixMap<S> dqp(dq.data(), P, d), dkp(dk.data(), P, d);
-      const ConstMatrixMap<S> qp(c.q.data(), P, d), kp(c.k.data(), P, d);
+      const ConstMatrixMap<S> qp(q_end->data(), P, d), kp(k_end->data(), P, d);
       parallel_for(chunks, [&](Index ch) {
         const Index r0 = ch * dynamics_chunk, n = std::min(dynamics_chunk, P - r0);
         const auto i = static_cast<std::size_t>(ch);
@@ -345,6 +399,7 @@ class Attention {
       // tau_h = softplus(rho_h): d tau / d rho = sigmoid(rho)
       for (Index r = 0; r < P; ++r) grad.rho[r % H] += c.dtau[r] * sigmoid(params.rho[r % H]);
     }
+    if (rotate_first) rotate_qk(dq, dk, c.seq, true);
     gemm<S>(c.x, true, dq, false, grad.wq, S(1), true);  // grad.w* += x^T d*
     gemm<S>(c.x, true, dk, false, grad.wk, S(1), true);
     gemm<S>(c.x, true, dv, false, grad.wv, S(1), true);
@@ -384,12 +439,23 @@ class Attention {
     require_finite(x, "attention decode: input x");
     Matrix<S> q = x * params.wq, k = x * params.wk;
     const Matrix<S> v = x * params.wv;
+    const Index t = cache.length;
+    const bool rope = config_.positions == Positions::rope;
+    const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
+    const std::vector<Index> at(static_cast<std::size_t>(B), t);  // every sequence's newest token is at t
+    auto rotate_new = [&] {
+      const Rope<S> r(d, t + 1, config_.rope_base);
+      r.rotate_at(q, at);
+      r.rotate_at(k, at);
+    };
+    if (rotate_first) rotate_new();
     if constexpr (Integrator::has_dynamics) {
       const Vector<S> tau = pair_times(B);
       MatrixMap<S> qp(q.data(), B * H, d), kp(k.data(), B * H, d);
       Integrator::template forward<S>(params.dyn, tau, qp, kp, nullptr, DynamicsMemory::store);
     }
-    const Index t = cache.length++;
+    if (rope && !rotate_first) rotate_new();  // the cache keeps keys as the scoring reads them
+    ++cache.length;
     Matrix<S> o(B, D);
     for (Index b = 0; b < B; ++b) {
       cache.keys.row(b * cache.capacity + t) = k.row(b);
@@ -422,6 +488,13 @@ class Attention {
   static constexpr Index dynamics_chunk = 256;
 
  private:
+  /// Rotary positions of q and k [B*T, D] (rows (b, t)), or the rotation's backward (inverse).
+  void rotate_qk(Matrix<S>& q, Matrix<S>& k, Index seq, bool inverse) const {
+    const Rope<S> rope(config_.head_dim(), seq, config_.rope_base);
+    rope.rotate(q, seq, inverse);
+    rope.rotate(k, seq, inverse);
+  }
+
   ScoringShape scoring_shape(Index batch, Index seq) const { return scoring_shape(config_, batch, seq); }
   static ScoringShape scoring_shape(const AttentionConfig& c, Index batch, Index seq) {
     return ScoringShape{batch, seq, c.heads, c.head_dim(), c.layer_index, c.reference_kernels};

@@ -120,6 +120,8 @@ class Attention {
   /// wv consecutive (one batched GEMM), then wo, then the dynamics block followed by rho, then the
   /// scoring's block.
   explicit Attention(const AttentionConfig& config) : config_(config) {
+    require(config_.positions == Positions::none, "cuda::Attention: positions = ", to_string(config_.positions),
+            " (rotary embeddings) runs on the CPU layer only so far; the device layer takes positions = none");
     const typename Host::ParameterLayout layout = Host::parameter_layout(config_);
     const Index D = config_.dim;
     off_wq_ = 0;
