@@ -131,6 +131,15 @@ TEST_CASE("rope: packed rows at their own positions equal the same rows rotated 
   for (Index r = 0; r < 2 * T; ++r) pos.push_back(r % T);
   rope.rotate_at(b, pos);
   CHECK(a == b);
+  // A table that starts at position 5 (a decoder's newest token) rotates as the full one does.
+  Matrix<double> c = x.topRows(1), e = x.topRows(1);
+  rope.rotate_at(c, {5});
+  Rope<double>(d, 1, default_rope_base, 5).rotate_at(e, {5});
+  CHECK(c == e);
+  CHECK(error_of([] {
+          Matrix<float> x1(1, 4);
+          Rope<float>(4, 1, default_rope_base, 5).rotate_at(x1, {4});
+        }).find("position 4 of row 0 is outside 5..5") != std::string::npos);
 }
 
 TEST_CASE("rope: what it refuses, with the value seen") {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -244,7 +245,7 @@ class Attention {
       gemm<S>(x, false, params.wq, false, q0);
       gemm<S>(x, false, params.wk, false, k0);
       if (config_.positions == Positions::rope) {  // what the dynamics saw going in and coming out
-        const Rope<S> rope(d, c.seq, config_.rope_base);
+        const Rope<S> rope = rope_for(c.seq);
         if (config_.rope_order == RopeOrder::rotate_then_dynamics) {
           rope.rotate(q0, c.seq);
           rope.rotate(k0, c.seq);
@@ -303,7 +304,8 @@ class Attention {
     gemm<S>(x, false, params.wv, false, c.v);
     const bool rope = config_.positions == Positions::rope;
     const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
-    if (rotate_first) rotate_qk(c.q, c.k, T, false);
+    const std::optional<Rope<S>> rotation = rope ? std::optional<Rope<S>>(rope_for(T)) : std::nullopt;
+    if (rotate_first) rotate_qk(*rotation, c.q, c.k, T, false);
     if constexpr (Integrator::has_dynamics) {
       // The pairs are cut into fixed chunks, each integrated over all its sub-steps while it is in
       // cache, in parallel. The chunk size does not depend on the thread count, so neither do the
@@ -322,7 +324,7 @@ class Attention {
                                         ctx ? &c.dynamics[i] : nullptr, memory);
       });
     }
-    if (rope && !rotate_first) rotate_qk(c.q, c.k, T, false);  // c.q, c.k: what the scoring reads
+    if (rope && !rotate_first) rotate_qk(*rotation, c.q, c.k, T, false);  // c.q, c.k: what the scoring reads
     Scoring::template forward<S>(params.score, scoring_shape(batch, T), c.q, c.k, c.v, c.o,
                                  ctx ? &c.scoring : nullptr);
     y.resize(N, D);
@@ -362,12 +364,13 @@ class Attention {
     // The dynamics' end states: Q', K' as the scoring read them, or before the rotation after them.
     const Matrix<S>* q_end = &c.q;
     const Matrix<S>* k_end = &c.k;
+    const std::optional<Rope<S>> rotation = rope ? std::optional<Rope<S>>(rope_for(c.seq)) : std::nullopt;
     if (rope && !rotate_first) {
-      rotate_qk(dq, dk, c.seq, true);  // the rotation's backward: R^T
+      rotate_qk(*rotation, dq, dk, c.seq, true);  // the rotation's backward: R^T
       if constexpr (Integrator::has_dynamics) {
         c.q_free = c.q;
         c.k_free = c.k;
-        rotate_qk(c.q_free, c.k_free, c.seq, true);
+        rotate_qk(*rotation, c.q_free, c.k_free, c.seq, true);
         q_end = &c.q_free;
         k_end = &c.k_free;
       }
@@ -399,7 +402,7 @@ class Attention {
       // tau_h = softplus(rho_h): d tau / d rho = sigmoid(rho)
       for (Index r = 0; r < P; ++r) grad.rho[r % H] += c.dtau[r] * sigmoid(params.rho[r % H]);
     }
-    if (rotate_first) rotate_qk(dq, dk, c.seq, true);
+    if (rotate_first) rotate_qk(*rotation, dq, dk, c.seq, true);
     gemm<S>(c.x, true, dq, false, grad.wq, S(1), true);  // grad.w* += x^T d*
     gemm<S>(c.x, true, dk, false, grad.wk, S(1), true);
     gemm<S>(c.x, true, dv, false, grad.wv, S(1), true);
@@ -444,7 +447,7 @@ class Attention {
     const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
     const std::vector<Index> at(static_cast<std::size_t>(B), t);  // every sequence's newest token is at t
     auto rotate_new = [&] {
-      const Rope<S> r(d, t + 1, config_.rope_base);
+      const Rope<S> r(d, 1, config_.rope_base, t);  // the table of position t alone
       r.rotate_at(q, at);
       r.rotate_at(k, at);
     };
@@ -488,9 +491,10 @@ class Attention {
   static constexpr Index dynamics_chunk = 256;
 
  private:
+  /// The rotation of this layer's heads for positions 0..seq-1.
+  Rope<S> rope_for(Index seq) const { return Rope<S>(config_.head_dim(), seq, config_.rope_base); }
   /// Rotary positions of q and k [B*T, D] (rows (b, t)), or the rotation's backward (inverse).
-  void rotate_qk(Matrix<S>& q, Matrix<S>& k, Index seq, bool inverse) const {
-    const Rope<S> rope(config_.head_dim(), seq, config_.rope_base);
+  static void rotate_qk(const Rope<S>& rope, Matrix<S>& q, Matrix<S>& k, Index seq, bool inverse) {
     rope.rotate(q, seq, inverse);
     rope.rotate(k, seq, inverse);
   }

@@ -60,16 +60,15 @@ struct bounded_json_scan {
     }
     return out.empty() ? std::string("the top level") : out;
   }
-  /// A value starts; false when it is one element too many of its array.
-  bool element() {
-    if (frames.empty() || frames.back().object) return true;
-    if (++frames.back().index > max_members) {
-      too_many = true;
-      where = path_of(frames.size() - 1);
-      return false;
-    }
-    return true;
+  /// One more member (key or element) of the innermost container; false past max_members.
+  bool count_member() {
+    if (++frames.back().index <= max_members) return true;
+    too_many = true;
+    where = path_of(frames.size() - 1);
+    return false;
   }
+  /// A value starts; false when it is one element too many of its array.
+  bool element() { return frames.empty() || frames.back().object || count_member(); }
   bool value() { return element(); }
   bool open(bool object) {
     if (!element()) return false;
@@ -99,12 +98,8 @@ struct bounded_json_scan {
   bool start_array(std::size_t) { return open(false); }
   bool end_array() { return close(); }
   bool key(std::string& k) {
+    if (!count_member()) return false;
     frame& f = frames.back();
-    if (++f.index > max_members) {
-      too_many = true;
-      where = path_of(frames.size() - 1);
-      return false;
-    }
     if (!f.keys.insert(k).second) {
       duplicate = true;
       duplicate_key = k;
