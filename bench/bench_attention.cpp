@@ -8,8 +8,11 @@
 // unless --peak-gflops gives the machine's (bench/peers/side_by_side.py passes OpenBLAS's SGEMM on
 // the CPU's own kernels, bench/peers/openblas.py), so that peak_frac is a fraction of what the
 // machine can do rather than of what this library's GEMM does.
-// Names: layer/<variant>/<steps>/<pass>/B<B>/T<T>/D<D> with pass fwd or fwdbwd; the GPT training
-// step cases (gpt/...) are in bench_gpt.cpp.
+// Names: layer/<variant>/<steps>/<pass>/B<B>/T<T>/D<D> with pass fwd or fwdbwd;
+// mask/<kind>/<variant>/<pass>/B<B>/T<T>/D<D> for the masks and layouts (kind: causal, bidir,
+// causal-w<w>, bidir-w<w>; padded-half and packed-half: B sequences of T/2 tokens, right-padded to T
+// or packed end to end; GFLOP/s count the pairs each mask lets through); the GPT training step cases
+// (gpt/...) are in bench_gpt.cpp.
 #include <benchmark/benchmark.h>
 
 #include <coupledqk/coupledqk.hpp>
@@ -72,6 +75,81 @@ void layer_benchmark(benchmark::State& state, std::string variant, int steps, bo
   state.counters["GFLOPS"] = gflops;
   state.counters["peak_frac"] = gflops / g_peak_gflops;
   state.counters["tokens_per_s"] = double(B) * T * double(state.iterations()) / seconds;
+  state.SetLabel(std::to_string(cqk::max_threads()) + " threads");
+}
+
+/// The mask and layout of a mask/... case: the layer's config and the rows' sequences.
+struct MaskCase {
+  bool causal = true;
+  cqk::Index window = 0;
+  enum { equal, padded_half, packed_half } layout = equal;
+};
+
+MaskCase parse_mask_kind(const std::string& kind) {
+  MaskCase m;
+  if (kind == "padded-half") {
+    m.layout = MaskCase::padded_half;
+  } else if (kind == "packed-half") {
+    m.layout = MaskCase::packed_half;
+  } else {
+    m.causal = kind.rfind("causal", 0) == 0;
+    const std::size_t w = kind.find("-w");
+    if (w != std::string::npos) m.window = std::stol(kind.substr(w + 2));
+  }
+  return m;
+}
+
+/// Query-key pairs a sequence of L tokens lets through under the mask.
+double visible_pairs(const MaskCase& m, double L) {
+  double pairs = 0;
+  for (cqk::Index t = 0; t < static_cast<cqk::Index>(L); ++t) {
+    const cqk::Mask mask{m.causal, m.window};
+    pairs += static_cast<double>(mask.end(t, static_cast<cqk::Index>(L)) - mask.begin(t));
+  }
+  return pairs;
+}
+
+void mask_benchmark(benchmark::State& state, std::string kind, std::string variant, bool backward, int B, int T,
+                    int D) {
+  const MaskCase m = parse_mask_kind(kind);
+  cqk::AttentionConfig cfg;
+  cfg.dim = D;
+  cfg.heads = D / 64;
+  cfg.dynamics_init_scale = 0.1;
+  cfg.causal = m.causal;
+  cfg.window = m.window;
+  auto layer = cqk::make_attention<float>(variant, 1, cfg, 1);
+  cqk::Sequences seqs = cqk::Sequences::equal(B, T);
+  double tokens = double(B) * T, pairs = B * visible_pairs(m, T);
+  if (m.layout != MaskCase::equal) {
+    const int L = T / 2;
+    std::vector<cqk::Index> lengths(B, L), offsets(B + 1);
+    for (int b = 0; b <= B; ++b) offsets[b] = cqk::Index(b) * L;
+    seqs = m.layout == MaskCase::padded_half ? cqk::Sequences::padded(T, lengths) : cqk::Sequences::packed(offsets);
+    tokens = double(B) * L;
+    pairs = B * visible_pairs(m, L);
+  }
+  cqk::Rng rng(2);
+  cqk::Matrix<float> x(seqs.rows(), D), dy(seqs.rows(), D);
+  rng.fill_normal(x, 1.0);
+  rng.fill_normal(dy, 1.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    cqk::Matrix<float> y = layer->forward(x, seqs);
+    if (backward) {
+      cqk::Matrix<float> dx = layer->backward(dy);
+      benchmark::DoNotOptimize(dx.data());
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // useful work: the projections of the valid tokens (8 tokens D^2) and, per visible pair, q.k and
+  // p v over every head (4 D); forward + backward counts 3x
+  const double flops = (backward ? 3 : 1) * (8.0 * tokens * D * D + 4.0 * pairs * D);
+  state.counters["GFLOPS"] = flops * double(state.iterations()) / seconds / 1e9;
+  state.counters["peak_frac"] = state.counters["GFLOPS"] / g_peak_gflops;
+  state.counters["tokens_per_s"] = tokens * double(state.iterations()) / seconds;
+  state.counters["pairs"] = pairs;
   state.SetLabel(std::to_string(cqk::max_threads()) + " threads");
 }
 
@@ -163,6 +241,21 @@ int main(int argc, char** argv) {
                 ->UseRealTime()
                 ->MinTime(0.5);
           }
+    }
+  // masks: a long sequence under each mask, and half-length sequences padded or packed
+  for (const std::string variant :
+       {cqk::builtin_variants.first_without_dynamics(), cqk::builtin_variants.first_with_dynamics()})
+    for (bool bwd : {false, true}) {
+      auto add = [&](const std::string& kind, int B, int T) {
+        const std::string name = "mask/" + kind + "/" + variant + "/" + (bwd ? "fwdbwd" : "fwd") + "/B" +
+                                 std::to_string(B) + "/T" + std::to_string(T) + "/D512";
+        benchmark::RegisterBenchmark(name.c_str(), mask_benchmark, kind, variant, bwd, B, T, 512)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime()
+            ->MinTime(0.5);
+      };
+      for (const char* kind : {"causal", "bidir", "causal-w128", "bidir-w128"}) add(kind, 1, 4096);
+      for (const char* kind : {"causal", "padded-half", "packed-half"}) add(kind, 8, 1024);
     }
   coupledqk_bench::register_gpt_benchmarks();  // bench_gpt.cpp
   benchmark::Initialize(&n, args.data());

@@ -13,11 +13,19 @@
 //     heads        H, query/key pairs per token
 //     m            dynamics hidden width (optional; 0 or absent means D/H)
 //     layer_index  0-based layer index (differential lambda_init)
+//     causal       optional: 1 (default) or 0 (bidirectional)
+//     window       optional: sliding window w, 0 (default) = none
+//     lengths      optional: L0,L1,... the valid lengths of the B right-padded sequences of x
+//     offsets      optional: 0,o1,...,N packed sequences; x and dy are then [1, N, D]
+//     positions    optional: none (default) or rope
+//     rope_base    optional: the rotation's base (default 10000)
+//     rope_order   optional: dynamics-then-rotate (default) or rotate-then-dynamics
 //
 // OUTPUT receives y [B, T, D], grad.x [B, T, D] and grad.<name> for every parameter: the gradients
 // of sum(y * dy). Same dtype as the input; metadata copied from the input. OUTPUT is replaced
 // atomically and only on success. Exit status: 0 success, 1 error, 2 usage error.
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -63,6 +71,13 @@ std::string usage_text() {
     "  heads        H (D must be divisible by H; even for the differential variants)\n"
     "  m            dynamics hidden width (optional; 0 or absent: D/H)\n"
     "  layer_index  0-based layer index\n"
+    "  causal       optional: 1 (default) or 0 (bidirectional)\n"
+    "  window       optional: sliding window w (0, the default: none)\n"
+    "  lengths      optional: L0,L1,... valid lengths of the B right-padded sequences\n"
+    "  offsets      optional: 0,o1,...,N packed sequences (x, dy are then [1, N, D])\n"
+    "  positions    optional: none (default) or rope\n"
+    "  rope_base    optional: base of the rotary frequencies (default 10000)\n"
+    "  rope_order   optional: dynamics-then-rotate (default) or rotate-then-dynamics\n"
     "OUTPUT tensors: y, grad.x [B, T, D] and grad.<name> for every parameter; same dtype,\n"
     "metadata copied from INPUT. OUTPUT is written atomically, and left untouched on error.\n"
     "\n"
@@ -158,11 +173,43 @@ long long metadata_integer(const io::file& f, const std::string& key, const std:
   return v;
 }
 
+/// A metadata list of integers "a,b,c", each within [lo, hi].
+std::vector<coupledqk::Index> metadata_integers(const io::file& f, const std::string& key, const std::string& value,
+                                                long long lo, long long hi, const std::string& accepted) {
+  std::vector<coupledqk::Index> out;
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t comma = value.find(',', from);
+    const std::string item = value.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    out.push_back(static_cast<coupledqk::Index>(
+        metadata_integer(f, key + "[" + std::to_string(out.size()) + "]", &item, lo, hi, accepted)));
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  return out;
+}
+
+/// A metadata word among `accepted` (absent: the first).
+std::string metadata_word(const io::file& f, const std::string& key, const std::vector<std::string>& accepted) {
+  const std::string* v = f.find_meta(key);
+  if (!v) return accepted.front();
+  for (const auto& a : accepted)
+    if (*v == a) return a;
+  throw coupledqk::io_error(in_file(f.source) + "metadata '" + key + "' is '" + io::detail::quote(*v) +
+                            "'; expected one of " + coupledqk::join_names(accepted));
+}
+
 struct case_settings {
   std::string attention;
   int steps = 0;
   coupledqk::Index heads = 0, hidden = 0;
   int layer_index = 0;
+  bool causal = true;
+  coupledqk::Index window = 0;
+  std::vector<coupledqk::Index> lengths, offsets;  // padded / packed sequences (empty: none)
+  coupledqk::Positions positions = coupledqk::Positions::none;
+  double rope_base = coupledqk::default_rope_base;
+  coupledqk::RopeOrder rope_order = coupledqk::RopeOrder::dynamics_then_rotate;
 };
 
 case_settings read_settings(const io::file& f) {
@@ -190,6 +237,33 @@ case_settings read_settings(const io::file& f) {
                : 0;
   c.layer_index = static_cast<int>(
       metadata_integer(f, "layer_index", f.find_meta("layer_index"), 0, int_max, "an integer >= 0"));
+  c.causal = metadata_word(f, "causal", {"1", "0"}) == "1";
+  if (const std::string* w = f.find_meta("window"))
+    c.window = static_cast<coupledqk::Index>(
+        metadata_integer(f, "window", w, 0, int_max, "an integer >= 0 (0: no window)"));
+  if (const std::string* l = f.find_meta("lengths"))
+    c.lengths = metadata_integers(f, "lengths", *l, 1, int_max, "positive integers separated by ','");
+  if (const std::string* o = f.find_meta("offsets"))
+    c.offsets = metadata_integers(f, "offsets", *o, 0, std::numeric_limits<long long>::max(),
+                                  "integers >= 0 separated by ','");
+  if (!c.lengths.empty() && !c.offsets.empty())
+    throw coupledqk::io_error(in_file(f.source) + "metadata has both 'lengths' (padded) and 'offsets' (packed); "
+                              "give one of them");
+  c.positions = metadata_word(f, "positions", {"none", "rope"}) == "rope" ? coupledqk::Positions::rope
+                                                                            : coupledqk::Positions::none;
+  if (const std::string* b = f.find_meta("rope_base")) {
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(b->c_str(), &end);
+    if (b->empty() || errno != 0 || end != b->c_str() + b->size() || !std::isfinite(v) || v <= 1)
+      throw coupledqk::io_error(in_file(f.source) + "metadata 'rope_base' is \"" + io::detail::quote(*b) +
+                                "\"; expected a finite number > 1");
+    c.rope_base = v;
+  }
+  c.rope_order = metadata_word(f, "rope_order", {"dynamics-then-rotate", "rotate-then-dynamics"}) ==
+                         "rotate-then-dynamics"
+                     ? coupledqk::RopeOrder::rotate_then_dynamics
+                     : coupledqk::RopeOrder::dynamics_then_rotate;
   return c;
 }
 
@@ -228,6 +302,31 @@ void run(const io::file& in, const case_settings& settings, bool recompute, cons
   config.hidden = settings.hidden;
   config.layer_index = settings.layer_index;
   config.memory = recompute ? coupledqk::DynamicsMemory::recompute : coupledqk::DynamicsMemory::store;
+  config.causal = settings.causal;
+  config.window = settings.window;
+  config.positions = settings.positions;
+  config.rope_base = settings.rope_base;
+  config.rope_order = settings.rope_order;
+  // The rows' layout: B equal sequences, B right-padded ones, or packed (x [1, N, D]).
+  coupledqk::Sequences seqs = coupledqk::Sequences::equal(B, T);
+  try {
+    if (!settings.lengths.empty()) {
+      if (static_cast<Index>(settings.lengths.size()) != B)
+        throw coupledqk::invalid_argument("metadata 'lengths' holds " + std::to_string(settings.lengths.size()) +
+                                          " lengths; x holds B = " + std::to_string(B) + " sequences");
+      seqs = coupledqk::Sequences::padded(T, settings.lengths);
+    } else if (!settings.offsets.empty()) {
+      if (B != 1)
+        throw coupledqk::invalid_argument("metadata 'offsets' (packed sequences) needs x of shape [1, N, D]; got " +
+                                          shape_string(shape));
+      seqs = coupledqk::Sequences::packed(settings.offsets);
+      if (seqs.rows() != T)
+        throw coupledqk::invalid_argument("metadata 'offsets' ends at " + std::to_string(seqs.rows()) +
+                                          "; x holds N = " + std::to_string(T) + " rows");
+    }
+  } catch (const coupledqk::invalid_argument& e) {
+    throw coupledqk::io_error(in_file(in.source) + e.what());
+  }
   auto layer = coupledqk::make_attention<S>(settings.attention, settings.steps, config, 0);
 
   // The file must hold exactly x, dy and the variant's parameters.
@@ -249,7 +348,8 @@ void run(const io::file& in, const case_settings& settings, bool recompute, cons
   in.at("x").copy_to(x.data(), static_cast<std::size_t>(x.size()));
   in.at("dy").copy_to(dy.data(), static_cast<std::size_t>(dy.size()));
 
-  const coupledqk::Matrix<S> y = layer->forward(x, B);
+  const coupledqk::Matrix<S> y = seqs.layout() == coupledqk::SequenceLayout::equal ? layer->forward(x, B)
+                                                                                  : layer->forward(x, seqs);
   layer->zero_gradients();
   const coupledqk::Matrix<S> dx = layer->backward(dy);
 

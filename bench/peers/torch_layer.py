@@ -6,8 +6,13 @@ parity test checks coupledqk against), run in float32 on the CPU with the given 
 
     torch_layer.py --threads 2 --case leapfrog:1:4:512:512 [--case ...] [--reps 5]
 
-A case is variant:steps:B:T:D (head size 64). Prints one JSON object per case and pass
-(fwd, fwdbwd): median milliseconds over the repetitions after one warm-up.
+A case is variant:steps:B:T:D (head size 64), optionally :MASK, the peer of coupledqk-bench's
+mask/MASK/... cases: causal, bidir, causal-wW, bidir-wW (a window of W), padded-half (B sequences
+of T/2 tokens right-padded to T) and packed-half (the same sequences; eager PyTorch has no packed
+form, so its peer is the padded batch a PyTorch user would run). The mask is applied as
+F.scaled_dot_product_attention applies a boolean attn_mask (reference.py writes its math out).
+Prints one JSON object per case and pass (fwd, fwdbwd): median milliseconds over the repetitions
+after one warm-up.
 """
 import argparse
 import json
@@ -28,13 +33,30 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import reference  # noqa: E402
 
 
-def make_case(variant, steps, B, T, D, generator):
+def mask_metadata(mask, B, T):
+    """The reference's metadata of a mask kind (see the top of this file)."""
+    if mask in ("", "causal"):
+        return {}
+    if mask in ("padded-half", "packed-half"):
+        return {"lengths": ",".join([str(T // 2)] * B)}
+    kind, _, window = mask.partition("-w")
+    if kind not in ("causal", "bidir") or (window and not window.isdigit()):
+        raise SystemExit(f"torch_layer.py: unknown mask {mask!r}; expected causal, bidir, causal-wW, bidir-wW, "
+                         "padded-half or packed-half")
+    meta = {} if kind == "causal" else {"causal": "0"}
+    if window:
+        meta["window"] = window
+    return meta
+
+
+def make_case(variant, steps, B, T, D, generator, mask=""):
     H, m = D // 64, 64
     tensors = {"x": torch.randn(B, T, D, generator=generator)}
     for name, shape in reference.parameter_shapes(variant, D, H, m).items():
         scale = 0.02 if name.startswith("w") else 0.1
         tensors[name] = (scale * torch.randn(*shape, generator=generator)).requires_grad_(True)
     meta = {"attention": variant, "steps": str(steps), "heads": str(H), "m": str(m), "layer_index": "1"}
+    meta.update(mask_metadata(mask, B, T))
     return tensors, meta
 
 
@@ -65,9 +87,11 @@ def main():
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     for case in args.case:
-        variant, steps, B, T, D = case.split(":")
+        fields = case.split(":")
+        variant, steps, B, T, D = fields[:5]
+        mask = fields[5] if len(fields) > 5 else ""
         steps, B, T, D = int(steps), int(B), int(T), int(D)
-        tensors, meta = make_case(variant, steps, B, T, D, generator)
+        tensors, meta = make_case(variant, steps, B, T, D, generator, mask)
         dy = torch.randn(B, T, D, generator=generator)
 
         def fwd():
@@ -80,7 +104,7 @@ def main():
 
         for name, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
             ms = time_ms(fn, args.reps)
-            print(json.dumps({"variant": variant, "steps": steps, "B": B, "T": T, "D": D, "pass": name,
+            print(json.dumps({"variant": variant, "steps": steps, "B": B, "T": T, "D": D, "pass": name, "mask": mask,
                               "ms": ms, "tokens_per_s": B * T / (ms / 1e3), "threads": args.threads,
                               "torch": torch.__version__, "openblas_core": OPENBLAS_CORE}), flush=True)
 

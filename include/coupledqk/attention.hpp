@@ -1,9 +1,13 @@
-// Causal multi-head self-attention with coupled query-key dynamics (method spec section 1):
+// Multi-head self-attention with coupled query-key dynamics (method spec section 1):
 //
 //     Q, K, V  = X Wq, X Wk, X Wv           X: [B*T, D]; weights stored [in, out]
 //     (Q', K') = Phi(Q, K)                  every (token, head) pair, integration time softplus(rho_h)
-//     O        = Scoring(Q', K', V)         Softmax or Differential, causal
+//     O        = Scoring(Q', K', V)         Softmax or Differential, under the layer's mask
 //     Y        = O Wo
+//
+// The mask (AttentionConfig::causal, ::window; causal by default) and the rows' layout (equal,
+// right-padded or packed sequences: forward(x, Sequences, ...)) are run-time settings, see
+// scoring/mask.hpp; the dynamics are position-wise and never see them.
 //
 // Attention<Scalar, Integrator, Scoring>: the integrator and the scoring are compile-time policies
 // (integrators/policy.hpp, scoring/policy.hpp). Forward and backward are side by side below.
@@ -50,15 +54,20 @@ struct AttentionConfig {
   double init_time = 1.0;        ///< integration time tau at init: rho = softplus^-1(init_time)
   DynamicsMemory memory = DynamicsMemory::store;  ///< what the dynamics' backward keeps
   /// Scoring kernels: false = tiled causal softmax that never forms T x T (scoring/flash_softmax.hpp);
-  /// true = the plain reference path that stores every probability (scoring/causal_softmax.hpp).
+  /// true = the plain reference path that stores every probability (scoring/masked_softmax.hpp).
   bool reference_kernels = false;
   /// Rotary positions of q and k (positions/rope.hpp): none (default) or rope, with its base and
   /// its order relative to the dynamics.
   Positions positions = Positions::none;
   double rope_base = default_rope_base;
   RopeOrder rope_order = RopeOrder::dynamics_then_rotate;
+  /// The mask (scoring/mask.hpp): causal (default) or bidirectional, and a sliding window of
+  /// `window` keys (0: none; causal t - w < t' <= t, bidirectional |t - t'| < w).
+  bool causal = true;
+  Index window = 0;
 
   Index head_dim() const { return heads > 0 ? dim / heads : 0; }
+  Mask mask() const { return Mask{causal, window}; }
   Index hidden_width() const { return hidden > 0 ? hidden : head_dim(); }
 };
 
@@ -85,6 +94,7 @@ inline void validate(const AttentionConfig& c) {
           "attention: dynamics_init_scale must be finite and >= 0; got ", c.dynamics_init_scale);
   require(std::isfinite(c.init_time) && c.init_time > 0,
           "attention: init_time (tau at init) must be finite and > 0; got ", c.init_time);
+  require(c.window >= 0, "attention: window must be >= 0 (0 means no window); got ", c.window);
   if (c.positions == Positions::rope) {
     require(c.head_dim() % 2 == 0, "attention: positions = rope needs an even head width D/H; got D/H = ",
             c.head_dim(), " (D = ", c.dim, ", H = ", c.heads, ")");
@@ -144,6 +154,8 @@ class Attention {
   /// nothing after the first step.
   struct Context {
     Index batch = 0, seq = 0;
+    Sequences sequences;          // the rows' layout (B sequences of T rows unless padded or packed)
+    std::vector<Index> positions;  // rope over packed sequences: each row's position in its sequence
     Matrix<S> x;        // [B*T, D] input                       -> grads of Wq, Wk, Wv
     Matrix<S> q, k, v;  // [B*T, D] evolved Q', K' and V          -> scoring backward, recompute mode
     Matrix<S> o;        // [B*T, D] scoring output                -> grad of Wo
@@ -172,7 +184,7 @@ class Attention {
       params.dyn = Integrator::template make_parameters<S>(dynamics_shape(config_), rng);
       params.rho = Vector<S>::Constant(config_.heads, S(softplus_inverse(config_.init_time)));
     }
-    params.score = Scoring::template make_parameters<S>(scoring_shape(1, 1), rng);
+    params.score = Scoring::template make_parameters<S>(scoring_shape(config_, 1, 1), rng);
   }
 
   /// Throws a descriptive coupledqk::invalid_argument unless this layer can take `config` (its
@@ -183,6 +195,9 @@ class Attention {
     require(config.memory == DynamicsMemory::store || Integrator::is_reversible,
             "attention: DynamicsMemory::recompute needs a reversible integrator; '", Integrator::name,
             "' is not (reversible: leapfrog and other splitting methods, affine)");
+    require(config.mask().is_default() || supports_masks_v<Scoring>, "attention: the mask '",
+            to_string(config.mask()), "' needs a scoring that reads masks; '", Scoring::name,
+            "' does not (it declares no supports_masks = true); it takes only the default causal mask");
   }
 
   /// How many scalars each part of the parameters holds, in visit order: wq wk wv wo, dyn.*,
@@ -228,6 +243,14 @@ class Attention {
   Matrix<S> forward(const ConstMatrixRef<S>& x, Index batch, Context* ctx = nullptr) const {
     Matrix<S> y;
     forward_into(x, batch, ctx, y);
+    return y;
+  }
+  /// y = layer(x) over sequences of their own lengths: x [seqs.rows(), D], right-padded
+  /// (Sequences::padded: padding rows of y are zero and get zero gradient) or packed end to end
+  /// (Sequences::packed, offsets as flash-attention's cu_seqlens).
+  Matrix<S> forward(const ConstMatrixRef<S>& x, const Sequences& seqs, Context* ctx = nullptr) const {
+    Matrix<S> y;
+    forward_into(x, seqs, ctx, y);
     return y;
   }
 
@@ -281,19 +304,30 @@ class Attention {
   /// forward() writing y [B*T, D] into a given matrix (resized if needed; no allocation when it
   /// already has that size and ctx is a context used before with the same shapes).
   void forward_into(const ConstMatrixRef<S>& x, Index batch, Context* ctx, Matrix<S>& y) const {
-    const Index D = config_.dim, H = config_.heads, d = config_.head_dim();
     require(batch > 0, "attention forward: batch (B) must be positive; got ", batch);
     require(x.rows() > 0, "attention forward: x has no rows; expected [B*T, D] with B*T > 0");
-    require(x.cols() == D, "attention forward: x has ", x.cols(), " columns; expected D = ", D,
+    require(x.cols() == config_.dim, "attention forward: x has ", x.cols(), " columns; expected D = ", config_.dim,
             " (x is [B*T, D])");
     require(x.rows() % batch == 0, "attention forward: x has ", x.rows(),
             " rows, which is not a multiple of batch B = ", batch, " (x is [B*T, D])");
+    forward_into(x, Sequences::equal(batch, x.rows() / batch), ctx, y);
+  }
+  void forward_into(const ConstMatrixRef<S>& x, const Sequences& seqs, Context* ctx, Matrix<S>& y) const {
+    const Index D = config_.dim, H = config_.heads, d = config_.head_dim();
+    require(seqs.batch() > 0, "attention forward: the sequences are empty (make them with Sequences::equal, ",
+            "padded or packed)");
+    require(x.cols() == D, "attention forward: x has ", x.cols(), " columns; expected D = ", D,
+            " (x is [rows, D])");
+    require(x.rows() == seqs.rows(), "attention forward: x has ", x.rows(), " rows; the ", to_string(seqs.layout()),
+            " sequences hold ", seqs.rows(), " (", seqs.batch(), " sequences",
+            seqs.strided() ? " of " + std::to_string(seqs.seq()) + " rows" : std::string(), ")");
     require_finite(x, "attention forward: input x");
-    const Index T = x.rows() / batch;
+    const Index T = seqs.seq();
     Context local;
     Context& c = ctx ? *ctx : local;
-    c.batch = batch;
+    c.batch = seqs.batch();
     c.seq = T;
+    c.sequences = seqs;
     if (ctx) c.x = x;
     const Index N = x.rows();
     c.q.resize(N, D);
@@ -305,13 +339,14 @@ class Attention {
     const bool rope = config_.positions == Positions::rope;
     const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
     const std::optional<Rope<S>> rotation = rope ? std::optional<Rope<S>>(rope_for(T)) : std::nullopt;
-    if (rotate_first) rotate_qk(*rotation, c.q, c.k, T, false);
+    if (rope && !seqs.strided()) seqs.positions_into(c.positions);
+    if (rotate_first) rotate_qk(*rotation, c, c.q, c.k, false);
     if constexpr (Integrator::has_dynamics) {
       // The pairs are cut into fixed chunks, each integrated over all its sub-steps while it is in
       // cache, in parallel. The chunk size does not depend on the thread count, so neither do the
       // results.
-      pair_times_into(batch * T, c.tau);
-      const Index P = batch * T * H, chunks = (P + dynamics_chunk - 1) / dynamics_chunk;
+      pair_times_into(N, c.tau);
+      const Index P = N * H, chunks = (P + dynamics_chunk - 1) / dynamics_chunk;
       const DynamicsMemory memory = ctx ? config_.memory : DynamicsMemory::store;
       if (ctx) c.dynamics.resize(static_cast<std::size_t>(chunks));  // kept: states and scratch are reused
       c.chunk_tau.resize(static_cast<std::size_t>(chunks));
@@ -324,8 +359,8 @@ class Attention {
                                         ctx ? &c.dynamics[i] : nullptr, memory);
       });
     }
-    if (rope && !rotate_first) rotate_qk(*rotation, c.q, c.k, T, false);  // c.q, c.k: what the scoring reads
-    Scoring::template forward<S>(params.score, scoring_shape(batch, T), c.q, c.k, c.v, c.o,
+    if (rope && !rotate_first) rotate_qk(*rotation, c, c.q, c.k, false);  // c.q, c.k: what the scoring reads
+    Scoring::template forward<S>(params.score, scoring_shape(c.sequences), c.q, c.k, c.v, c.o,
                                  ctx ? &c.scoring : nullptr);
     y.resize(N, D);
     gemm<S>(c.o, false, params.wo, false, y);
@@ -343,7 +378,7 @@ class Attention {
   /// context's workspace, so a context reused step after step allocates nothing.
   void backward_into(const Context& c, const ConstMatrixRef<S>& dy, Parameters& grad, Matrix<S>& dx) const {
     const Index D = config_.dim, H = config_.heads, d = config_.head_dim();
-    require(c.batch > 0 && c.x.rows() == c.batch * c.seq,
+    require(c.batch > 0 && c.x.rows() == c.sequences.rows(),
             "attention backward: the context holds no forward pass (call forward with a context first)");
     require(dy.rows() == c.x.rows() && dy.cols() == D, "attention backward: dy is [", dy.rows(), ", ",
             dy.cols(), "]; expected [", c.x.rows(), ", ", D, "], the shape of the forward's output");
@@ -357,7 +392,7 @@ class Attention {
     gemm<S>(dy, false, params.wo, true, d_o);  // d_o = dy wo^T
     // scoring: dq, dk are the cotangents of the evolved Q', K'
     Matrix<S>&dq = c.dq, &dk = c.dk, &dv = c.dv;
-    Scoring::template backward<S>(params.score, scoring_shape(c.batch, c.seq), c.q, c.k, c.v, c.o,
+    Scoring::template backward<S>(params.score, scoring_shape(c.sequences), c.q, c.k, c.v, c.o,
                                   c.scoring, d_o, dq, dk, dv, grad.score);
     const bool rope = config_.positions == Positions::rope;
     const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
@@ -366,11 +401,11 @@ class Attention {
     const Matrix<S>* k_end = &c.k;
     const std::optional<Rope<S>> rotation = rope ? std::optional<Rope<S>>(rope_for(c.seq)) : std::nullopt;
     if (rope && !rotate_first) {
-      rotate_qk(*rotation, dq, dk, c.seq, true);  // the rotation's backward: R^T
+      rotate_qk(*rotation, c, dq, dk, true);  // the rotation's backward: R^T
       if constexpr (Integrator::has_dynamics) {
         c.q_free = c.q;
         c.k_free = c.k;
-        rotate_qk(*rotation, c.q_free, c.k_free, c.seq, true);
+        rotate_qk(*rotation, c, c.q_free, c.k_free, true);
         q_end = &c.q_free;
         k_end = &c.k_free;
       }
@@ -378,7 +413,7 @@ class Attention {
     if constexpr (Integrator::has_dynamics) {
       // Chunk by chunk as in forward; each chunk's parameter gradient goes to its own buffer and
       // the buffers are added in chunk order (deterministic for any thread count).
-      const Index P = c.batch * c.seq * H, chunks = (P + dynamics_chunk - 1) / dynamics_chunk;
+      const Index P = c.x.rows() * H, chunks = (P + dynamics_chunk - 1) / dynamics_chunk;
       require(static_cast<Index>(c.dynamics.size()) == chunks && static_cast<Index>(c.chunk_tau.size()) == chunks,
               "attention backward: the context holds ", c.dynamics.size(), " dynamics traces, expected ", chunks);
       if (static_cast<Index>(c.partial.size()) != chunks)
@@ -402,7 +437,7 @@ class Attention {
       // tau_h = softplus(rho_h): d tau / d rho = sigmoid(rho)
       for (Index r = 0; r < P; ++r) grad.rho[r % H] += c.dtau[r] * sigmoid(params.rho[r % H]);
     }
-    if (rotate_first) rotate_qk(*rotation, dq, dk, c.seq, true);
+    if (rotate_first) rotate_qk(*rotation, c, dq, dk, true);
     gemm<S>(c.x, true, dq, false, grad.wq, S(1), true);  // grad.w* += x^T d*
     gemm<S>(c.x, true, dk, false, grad.wk, S(1), true);
     gemm<S>(c.x, true, dv, false, grad.wv, S(1), true);
@@ -432,9 +467,13 @@ class Attention {
 
   /// Incremental decoding: x holds the newest token of each sequence [B, D]; returns its output
   /// [B, D] and appends its evolved key and its value to the cache. Matches forward() on the
-  /// whole prefix, row for row, to round-off.
+  /// whole prefix, row for row, to round-off. Causal masks only (with a window, the newest token
+  /// reads the last `window` keys of the cache); a bidirectional layer has no incremental form.
   Matrix<S> decode(const ConstMatrixRef<S>& x, KVCache& cache) const {
     const Index D = config_.dim, H = config_.heads, d = config_.head_dim(), B = cache.batch;
+    require(config_.causal, "attention decode: the layer is bidirectional (mask '", to_string(config_.mask()),
+            "'): a token attends to later tokens, so it cannot be decoded one token at a time; run forward() ",
+            "on the whole sequence");
     require(x.rows() == B && x.cols() == D, "attention decode: x is [", x.rows(), ", ", x.cols(),
             "]; expected [", B, ", ", D, "] (one token per cached sequence)");
     require(cache.length < cache.capacity, "attention decode: the cache is full (capacity ", cache.capacity,
@@ -459,13 +498,15 @@ class Attention {
     }
     if (rope && !rotate_first) rotate_new();  // the cache keeps keys as the scoring reads them
     ++cache.length;
+    // the keys the newest token sees: all so far, or the last `window` of them
+    const Index first = config_.mask().begin(t), n = t + 1 - first;
     Matrix<S> o(B, D);
     for (Index b = 0; b < B; ++b) {
       cache.keys.row(b * cache.capacity + t) = k.row(b);
       cache.values.row(b * cache.capacity + t) = v.row(b);
-      Scoring::template decode<S>(params.score, scoring_shape(1, t + 1), q.row(b),
-                                  cache.keys.block(b * cache.capacity, 0, t + 1, D),
-                                  cache.values.block(b * cache.capacity, 0, t + 1, D), o.row(b));
+      Scoring::template decode<S>(params.score, scoring_shape(config_, 1, n), q.row(b),
+                                  cache.keys.block(b * cache.capacity + first, 0, n, D),
+                                  cache.values.block(b * cache.capacity + first, 0, n, D), o.row(b));
     }
     return o * params.wo;
   }
@@ -493,15 +534,26 @@ class Attention {
  private:
   /// The rotation of this layer's heads for positions 0..seq-1.
   Rope<S> rope_for(Index seq) const { return Rope<S>(config_.head_dim(), seq, config_.rope_base); }
-  /// Rotary positions of q and k [B*T, D] (rows (b, t)), or the rotation's backward (inverse).
-  static void rotate_qk(const Rope<S>& rope, Matrix<S>& q, Matrix<S>& k, Index seq, bool inverse) {
-    rope.rotate(q, seq, inverse);
-    rope.rotate(k, seq, inverse);
+  /// Rotary positions of q and k [rows, D] at each row's position in its sequence (the context's
+  /// layout), or the rotation's backward (inverse).
+  static void rotate_qk(const Rope<S>& rope, const Context& c, Matrix<S>& q, Matrix<S>& k, bool inverse) {
+    if (c.sequences.strided()) {
+      rope.rotate(q, c.seq, inverse);
+      rope.rotate(k, c.seq, inverse);
+    } else {
+      rope.rotate_at(q, c.positions, inverse);
+      rope.rotate_at(k, c.positions, inverse);
+    }
   }
 
-  ScoringShape scoring_shape(Index batch, Index seq) const { return scoring_shape(config_, batch, seq); }
+  /// The scoring's shape for rows laid out as `seqs` (kept alive by the caller: the shape points to it).
+  ScoringShape scoring_shape(const Sequences& seqs) const {
+    ScoringShape sh = scoring_shape(config_, seqs.batch(), seqs.seq());
+    if (seqs.layout() != SequenceLayout::equal) sh.sequences = &seqs;
+    return sh;
+  }
   static ScoringShape scoring_shape(const AttentionConfig& c, Index batch, Index seq) {
-    return ScoringShape{batch, seq, c.heads, c.head_dim(), c.layer_index, c.reference_kernels};
+    return ScoringShape{batch, seq, c.heads, c.head_dim(), c.layer_index, c.reference_kernels, c.mask()};
   }
 
   /// Parameters with every shape of `config`; the projections are left unset (uninitialised),

@@ -440,6 +440,8 @@ class AnyAttention {
   virtual const AttentionConfig& config() const = 0;
   /// y = layer(x); x: [B*T, D], rows ordered (b, t).
   virtual Matrix<S> forward(const ConstMatrixRef<S>& x, Index batch) = 0;
+  /// y = layer(x) over right-padded or packed sequences (scoring/mask.hpp); x: [seqs.rows(), D].
+  virtual Matrix<S> forward(const ConstMatrixRef<S>& x, const Sequences& seqs) = 0;
   /// Accumulates parameter gradients (see gradients()) and returns dLoss/dx for the last forward.
   virtual Matrix<S> backward(const ConstMatrixRef<S>& dy) = 0;
   /// Named views of the parameters and of their gradients, same order, same shapes.
@@ -467,6 +469,9 @@ class SelectedAttention final : public AnyAttention<S> {
   const AttentionConfig& config() const override { return layer_.config(); }
   Matrix<S> forward(const ConstMatrixRef<S>& x, Index batch) override {
     return layer_.forward(x, batch, &ctx_);
+  }
+  Matrix<S> forward(const ConstMatrixRef<S>& x, const Sequences& seqs) override {
+    return layer_.forward(x, seqs, &ctx_);
   }
   Matrix<S> backward(const ConstMatrixRef<S>& dy) override { return layer_.backward(ctx_, dy, grad_); }
   std::vector<TensorView<S>> parameters() override {

@@ -3,6 +3,9 @@
     import coupledqk
     attn = coupledqk.CoupledAttention(dim=256, heads=4, attention="leapfrog", steps=2)
     y = attn(x)                                   # x: [B, T, 256] -> y: [B, T, 256], causal
+    y = attn(x, lengths=torch.tensor([7, 3]))     # right-padded sequences: padding rows give 0
+    y = attn.forward_packed(xp, offsets)          # xp: [N, 256] packed, offsets (0, ..., N)
+    enc = coupledqk.CoupledAttention(256, 4, causal=False, window=0, positions="rope")   # an encoder
 
     y = coupledqk.attention(x, params, attention="leapfrog", steps=2, heads=4)   # own parameters
 
@@ -32,6 +35,10 @@ max_steps = _C.max_steps
 _VARIANTS = {v["name"]: v for v in _C.variants()}
 _DTYPES = (torch.float32, torch.float64)
 _MEMORY = ("store", "recompute")
+_POSITIONS = ("none", "rope")
+_ROPE_ORDERS = ("dynamics-then-rotate", "rotate-then-dynamics")
+#: The mask and position keywords and their defaults (the library's AttentionConfig defaults).
+_MASK_DEFAULTS = dict(causal=True, window=0, positions="none", rope_base=10000.0, rope_order="dynamics-then-rotate")
 
 __all__ = ["CoupledAttention", "attention", "variants", "variant_info", "parameter_shapes", "load_file",
            "save_file", "GPT", "max_steps"]
@@ -107,16 +114,34 @@ def _check_settings(attention, steps, memory):
     return _check_int("steps", steps, bits=32)
 
 
+def _check_word(name, value, accepted):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, accepted))} (a str); got "
+                        f"{type(value).__name__} {value!r}")
+    if value not in accepted:
+        raise ValueError(f"{name} is {value!r}; accepted: {', '.join(map(repr, accepted))}")
+    return value
+
+
+def _check_mask(causal=True, window=0, positions="none", rope_base=10000.0, rope_order="dynamics-then-rotate"):
+    """The mask and position keywords, typed (their values are the library's to judge), as a tuple."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__} {causal!r}")
+    return (causal, _check_int("window", window), _check_word("positions", positions, _POSITIONS),
+            _check_float("rope_base", rope_base), _check_word("rope_order", rope_order, _ROPE_ORDERS))
+
+
 def _check_layer(attention, steps, dim, heads, hidden, layer_index, init_std=0.02, dynamics_init_scale=0.0,
-                 init_time=1.0, memory="store"):
+                 init_time=1.0, memory="store", mask=None):
     """ValueError, in the library's words (Attention::check_config, the table's name and step
-    rules), unless the library's layer takes these settings; nothing is built."""
+    rules), unless the library's layer takes these settings; nothing is built. mask: the tuple of
+    _check_mask (default: causal, no window, no positions)."""
     steps = _check_settings(attention, steps, memory)
     ints = (_check_int("dim", dim), _check_int("heads", heads), _check_int("hidden", hidden),
             _check_int("layer_index", layer_index, bits=32))
     floats = (_check_float("init_std", init_std), _check_float("dynamics_init_scale", dynamics_init_scale),
               _check_float("init_time", init_time))
-    _C.check_attention(attention, steps, *ints, *floats, memory)
+    _C.check_attention(attention, steps, *ints, *floats, memory, *(mask or _check_mask()))
     return (steps, *ints, *floats)
 
 
@@ -127,9 +152,25 @@ def _check_input(x):
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_layer(attention, steps, dim, heads, hidden, layer_index, memory):
+def _cached_layer(attention, steps, dim, heads, hidden, layer_index, memory, mask=None):
     # The functional form's layers: initialisation settings do not matter (the caller's parameters run).
-    return _C.Layer(attention, steps, dim, heads, hidden, layer_index, 0.02, 0.0, 1.0, memory, False)
+    return _C.Layer(attention, steps, dim, heads, hidden, layer_index, 0.02, 0.0, 1.0, memory, False,
+                    *(mask or _check_mask()))
+
+
+def _sequences(x, lengths, offsets, dim="dim"):
+    """The lengths / offsets keywords, checked against x's shape: (lengths, offsets) for _C.
+    dim: the layer's width where known (it names the accepted shape in the message)."""
+    if lengths is not None and offsets is not None:
+        raise ValueError("give lengths (right-padded sequences) or offsets (packed ones), not both")
+    for name, t in (("lengths", lengths), ("offsets", offsets)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a 1-D integer torch.Tensor; got {type(t).__name__}")
+    if offsets is not None and x.dim() != 2:
+        raise ValueError(f"packed x has shape {list(x.shape)} (rank {x.dim()}); expected [N, {dim}]")
+    if offsets is None and x.dim() != 3:
+        raise ValueError(f"x has shape {list(x.shape)} (rank {x.dim()}); expected [B, T, {dim}]")
+    return lengths, offsets
 
 
 def parameter_shapes(dim, heads, attention="leapfrog", steps=1, hidden=0):
@@ -143,9 +184,9 @@ class _AttentionFunction(torch.autograd.Function):
     """y = layer(x; params) by the library's forward; the library's analytic backward."""
 
     @staticmethod
-    def forward(ctx, layer, x, *params):
-        keep = any(ctx.needs_input_grad[1:])  # keep nothing for a pass nobody differentiates
-        y, saved = layer.forward(x, list(params), keep)
+    def forward(ctx, layer, lengths, offsets, x, *params):
+        keep = any(ctx.needs_input_grad[3:])  # keep nothing for a pass nobody differentiates
+        y, saved = layer.forward(x, list(params), keep, lengths, offsets)
         ctx.saved_pass = saved
         return y
 
@@ -153,24 +194,28 @@ class _AttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         dx, grads = ctx.saved_pass.backward(dy)
-        return (None, dx, *grads)
+        return (None, None, None, dx, *grads)
 
 
-def attention(x, params, attention="leapfrog", steps=1, heads=None, layer_index=0, hidden=0, memory="store"):
+def attention(x, params, attention="leapfrog", steps=1, heads=None, layer_index=0, hidden=0, memory="store", *,
+              causal=True, window=0, positions="none", rope_base=10000.0, rope_order="dynamics-then-rotate",
+              lengths=None, offsets=None):
     """The attention layer as a function of its input and a mapping of its parameters.
 
-    x: [B, T, dim] float32 or float64; params: {name: tensor} with exactly the library's names and
-    shapes (parameter_shapes(dim, heads, attention, steps, hidden)), same dtype as x. Returns y
-    [B, T, dim]; differentiable in x and every parameter.
+    x: [B, T, dim] float32 or float64 (or [N, dim] packed, with offsets); params: {name: tensor}
+    with exactly the library's names and shapes (parameter_shapes(dim, heads, attention, steps,
+    hidden)), same dtype as x. The mask and positions keywords are CoupledAttention's; lengths /
+    offsets as in CoupledAttention.forward / forward_packed. Returns y, shaped like x;
+    differentiable in x and every parameter.
     """
     _check_input(x)
     if heads is None:
         raise TypeError("attention() needs heads= (the number of query/key pairs per token)")
-    if x.dim() != 3:
-        raise ValueError(f"x has shape {list(x.shape)} (rank {x.dim()}); expected [B, T, dim]")
+    lengths, offsets = _sequences(x, lengths, offsets)
+    mask = _check_mask(causal, window, positions, rope_base, rope_order)
     steps, dim, heads, hidden, layer_index = _check_layer(attention, steps, int(x.shape[-1]), heads, hidden,
-                                                          layer_index, memory=memory)[:5]
-    layer = _cached_layer(attention, steps, dim, heads, hidden, layer_index, memory)
+                                                          layer_index, memory=memory, mask=mask)[:5]
+    layer = _cached_layer(attention, steps, dim, heads, hidden, layer_index, memory, mask)
     names = [name for name, _ in layer.specs()]
     if not hasattr(params, "keys"):
         raise TypeError(f"params must be a mapping name -> tensor; got {type(params).__name__}")
@@ -186,7 +231,7 @@ def attention(x, params, attention="leapfrog", steps=1, heads=None, layer_index=
     for n, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"params[{n!r}] must be a torch.Tensor; got {type(t).__name__}")
-    return _AttentionFunction.apply(layer, x, *tensors)
+    return _AttentionFunction.apply(layer, lengths, offsets, x, *tensors)
 
 
 def _container(module, path):
@@ -229,13 +274,17 @@ def _load_state_dict(model, state_dict, strict):
 
 
 class CoupledAttention(nn.Module):
-    """Causal multi-head self-attention with coupled query-key dynamics: [B, T, dim] -> [B, T, dim].
+    """Multi-head self-attention with coupled query-key dynamics: [B, T, dim] -> [B, T, dim].
 
     attention: a variant name (coupledqk.variants()); steps: integration sub-steps 1..max_steps
     (ignored by variants without dynamics). The keyword arguments are the library's
     AttentionConfig fields: hidden (dynamics width m; 0 = dim/heads), layer_index (Differential's
     lambda_init), init_std, dynamics_init_scale, init_time (tau at init), memory ("store" or
-    "recompute", reversible integrators only); dtype is torch.float32 or torch.float64. The
+    "recompute", reversible integrators only), and the mask and positions: causal (False: an
+    encoder), window (a sliding window of that many keys; 0: none), positions ("none" or "rope":
+    rotary embeddings, pairs (i, i + d/2) at frequency rope_base^(-2i/d), each sequence's first
+    token at position 0), rope_base, rope_order ("dynamics-then-rotate": the dynamics see
+    position-free q, k; or "rotate-then-dynamics"); dtype is torch.float32 or torch.float64. The
     parameters start as the library's own initialisation drawn with `seed` (default: a seed taken
     from torch's global generator, so torch.manual_seed makes them reproducible).
 
@@ -244,10 +293,12 @@ class CoupledAttention(nn.Module):
     """
 
     def __init__(self, dim, heads, attention="leapfrog", steps=1, *, hidden=0, layer_index=0, init_std=0.02,
-                 dynamics_init_scale=0.0, init_time=1.0, memory="store", dtype=torch.float32, seed=None):
+                 dynamics_init_scale=0.0, init_time=1.0, memory="store", causal=True, window=0, positions="none",
+                 rope_base=10000.0, rope_order="dynamics-then-rotate", dtype=torch.float32, seed=None):
         super().__init__()
+        mask = _check_mask(causal, window, positions, rope_base, rope_order)
         steps, dim, heads, hidden, layer_index, *init = _check_layer(
-            attention, steps, dim, heads, hidden, layer_index, init_std, dynamics_init_scale, init_time, memory)
+            attention, steps, dim, heads, hidden, layer_index, init_std, dynamics_init_scale, init_time, memory, mask)
         if dtype not in _DTYPES:
             raise TypeError(f"dtype must be torch.float32 or torch.float64; got {dtype!r}")
         if seed is None:
@@ -255,11 +306,12 @@ class CoupledAttention(nn.Module):
         seed = _check_int("seed", seed, 0)
         self.dim, self.heads, self.attention, self.steps = dim, heads, attention, steps
         self.hidden, self.layer_index, self.memory = hidden, layer_index, memory
+        self.causal, self.window, self.positions, self.rope_base, self.rope_order = mask
         # wq, wk, wv, wo: 4 dim^2 values, and a dynamics width's dim * hidden, built in float64 first
         what = f"CoupledAttention(dim={dim}, heads={heads}, hidden={hidden})"
         nbytes = 8 * (4 * dim * dim + dim * hidden)
         self._layer = _allocate(what, nbytes, lambda: _C.Layer(attention, steps, dim, heads, hidden, layer_index,
-                                                              *init, memory, False))
+                                                              *init, memory, False, *mask))
         self._specs = [(name, tuple(shape)) for name, shape in self._layer.specs()]
         values = _allocate(what, nbytes, lambda: self._layer.initial_parameters(seed, dtype))
         for (name, _), value in zip(self._specs, values):
@@ -270,13 +322,29 @@ class CoupledAttention(nn.Module):
         """The library's tensor names, in its order."""
         return [name for name, _ in self._specs]
 
-    def forward(self, x):
+    def forward(self, x, lengths=None):
+        """y [B, T, dim] for x [B, T, dim]. lengths: None, or a [B] integer tensor of the valid
+        lengths of right-padded sequences (1..T each); padding rows of y are zero and get zero
+        gradient."""
         _check_input(x)
-        return _AttentionFunction.apply(self._layer, x, *[self.get_parameter(n) for n, _ in self._specs])
+        lengths, _ = _sequences(x, lengths, None, self.dim)
+        return _AttentionFunction.apply(self._layer, lengths, None, x,
+                                        *[self.get_parameter(n) for n, _ in self._specs])
+
+    def forward_packed(self, x, offsets):
+        """y [N, dim] for sequences packed end to end in x [N, dim]; offsets: a [B+1] integer tensor
+        (0, ..., N; flash-attention's cu_seqlens): sequence b is rows offsets[b]..offsets[b+1]-1."""
+        _check_input(x)
+        if offsets is None:
+            raise TypeError("forward_packed needs offsets (a [B+1] integer tensor 0, ..., N)")
+        _, offsets = _sequences(x, None, offsets, self.dim)
+        return _AttentionFunction.apply(self._layer, None, offsets, x,
+                                        *[self.get_parameter(n) for n, _ in self._specs])
 
     def extra_repr(self):
+        mask = "".join(f", {k}={getattr(self, k)!r}" for k, v in _MASK_DEFAULTS.items() if getattr(self, k) != v)
         return (f"dim={self.dim}, heads={self.heads}, attention={self.attention!r}, steps={self.steps}, "
-                f"hidden={self.hidden}, layer_index={self.layer_index}, memory={self.memory!r}")
+                f"hidden={self.hidden}, layer_index={self.layer_index}, memory={self.memory!r}{mask}")
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -292,9 +360,17 @@ class CoupledAttention(nn.Module):
         return _load_state_dict(self, state_dict, strict)
 
     def metadata(self):
-        """The string metadata the layer tool (coupledqk-layer) reads: attention, steps, heads, m, layer_index."""
-        return {"attention": self.attention, "steps": str(self.steps), "heads": str(self.heads),
+        """The string metadata the layer tool (coupledqk-layer) reads: attention, steps, heads, m,
+        layer_index, and the mask and positions settings that differ from the defaults (causal,
+        window, positions, rope_base, rope_order)."""
+        meta = {"attention": self.attention, "steps": str(self.steps), "heads": str(self.heads),
                 "m": str(self.hidden), "layer_index": str(self.layer_index)}
+        for key, default in _MASK_DEFAULTS.items():
+            value = getattr(self, key)
+            if value != default:
+                meta[key] = ("1" if value else "0") if key == "causal" else repr(value) if key == "rope_base" \
+                    else str(value)
+        return meta
 
     def save_safetensors(self, path):
         """Writes the parameters and metadata() as a safetensors file (the layer tool's format)."""
@@ -325,10 +401,27 @@ class CoupledAttention(nn.Module):
                                  f"non-negative integer")
             return int(value)
 
+        def word(key, accepted):
+            value = meta.get(key, accepted[0])
+            if value not in accepted:
+                shown = value if len(value) <= 40 else value[:40] + "..."
+                raise ValueError(f"safetensors file {path!r}: metadata {key!r} is {shown!r}; expected one of "
+                                 f"{', '.join(map(repr, accepted))}")
+            return value
+
+        rope_base = meta.get("rope_base", "10000")
+        try:
+            rope_base = float(rope_base)
+        except ValueError:
+            raise ValueError(f"safetensors file {path!r}: metadata 'rope_base' is {rope_base[:40]!r}; expected a "
+                             f"number") from None
         dim = int(tensors["wq"].shape[0])
         dtype = dtype or tensors["wq"].dtype
         layer = cls(dim, integer("heads"), meta["attention"], integer("steps"), hidden=integer("m", "0"),
-                    layer_index=integer("layer_index", "0"), memory=memory, dtype=dtype, seed=0)
+                    layer_index=integer("layer_index", "0"), memory=memory, dtype=dtype, seed=0,
+                    causal=word("causal", ("1", "0")) == "1", window=integer("window", "0"),
+                    positions=word("positions", _POSITIONS), rope_base=rope_base,
+                    rope_order=word("rope_order", _ROPE_ORDERS))
         layer.load_state_dict({n: tensors[n] for n in layer.parameter_names() if n in tensors})
         return layer
 

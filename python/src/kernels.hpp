@@ -3,7 +3,8 @@
 // (coupledqk::variants_layers: every variant of builtin_variants at every step count, float and
 // double, compiled once for the project); kernels_float.cpp and kernels_double.cpp wrap it.
 //
-// Shapes: x, y, dy, dx are [B*T, D] row-major, rows ordered (b, t); every parameter is row-major
+// Shapes: x, y, dy, dx are [rows, D] row-major (rows as a Sequences lays them out: B*T, rows ordered
+// (b, t), or packed sequences end to end); every parameter is row-major
 // with the shape its TensorSpec names (specs(), the order of Attention::parameter_specs).
 #pragma once
 
@@ -42,11 +43,11 @@ class Kernel {
   virtual const AttentionConfig& config() const = 0;
   /// The library's own initialisation for `seed` (Attention(config, seed)), written in specs() order.
   virtual void initial_parameters(std::uint64_t seed, const std::vector<S*>& out) const = 0;
-  /// y = layer(x) for x [batch*seq, D]; params in specs() order. When keep, returns what the
+  /// y = layer(x) for x [seqs.rows(), D] (B equal, right-padded or packed sequences); params in specs() order. When keep, returns what the
   /// backward needs (the configured DynamicsMemory applies); otherwise nullptr. threads > 0 sets
   /// the OpenMP thread count of the calling thread first. A pass let go of is kept for the next
   /// forward (one at most), so that repeated steps reuse its buffers.
-  virtual std::shared_ptr<Pass<S>> forward(const S* x, Index batch, Index seq, const std::vector<const S*>& params,
+  virtual std::shared_ptr<Pass<S>> forward(const S* x, const Sequences& seqs, const std::vector<const S*>& params,
                                            S* y, bool keep, int threads) const = 0;
 };
 

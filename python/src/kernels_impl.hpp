@@ -95,7 +95,7 @@ class LayerKernel final : public Kernel<S> {
     store(make_attention<S>(attention_, steps_, config_, seed)->parameters(), out);
   }
 
-  std::shared_ptr<Pass<S>> forward(const S* x, Index batch, Index seq, const std::vector<const S*>& params, S* y,
+  std::shared_ptr<Pass<S>> forward(const S* x, const Sequences& seqs, const std::vector<const S*>& params, S* y,
                                    bool keep, int threads) const override {
     set_threads(threads);
     std::unique_ptr<LayerPass<S>> pass;
@@ -111,9 +111,9 @@ class LayerKernel final : public Kernel<S> {
     load(layer.parameters(), params);
     layer.check_parameters();
     const Index D = config_.dim;
-    const Matrix<S> out = layer.forward(ConstMatrixMap<S>(x, batch * seq, D), batch);
+    const Matrix<S> out = layer.forward(ConstMatrixMap<S>(x, seqs.rows(), D), seqs);
     std::copy(out.data(), out.data() + out.size(), y);
-    pass->set_rows(batch * seq);
+    pass->set_rows(seqs.rows());
     if (!keep) {
       release(pool_, std::move(pass));
       return nullptr;

@@ -60,10 +60,31 @@ coupledqk::DynamicsMemory parse_memory(const std::string& m) {
   throw py::value_error("memory must be 'store' or 'recompute'; got '" + m + "'");
 }
 
-/// An AttentionConfig from the Python module's keywords (memory by name).
+coupledqk::Positions parse_positions(const std::string& p) {
+  if (p == "none") return coupledqk::Positions::none;
+  if (p == "rope") return coupledqk::Positions::rope;
+  throw py::value_error("positions must be 'none' or 'rope'; got '" + p + "'");
+}
+
+coupledqk::RopeOrder parse_rope_order(const std::string& o) {
+  if (o == "dynamics-then-rotate") return coupledqk::RopeOrder::dynamics_then_rotate;
+  if (o == "rotate-then-dynamics") return coupledqk::RopeOrder::rotate_then_dynamics;
+  throw py::value_error("rope_order must be 'dynamics-then-rotate' or 'rotate-then-dynamics'; got '" + o + "'");
+}
+
+/// The mask and positions keywords of the Python module (strings as Python spells them).
+struct MaskSettings {
+  bool causal = true;
+  Index window = 0;
+  std::string positions = "none";
+  double rope_base = coupledqk::default_rope_base;
+  std::string rope_order = "dynamics-then-rotate";
+};
+
+/// An AttentionConfig from the Python module's keywords (memory, positions and rope order by name).
 coupledqk::AttentionConfig attention_config(Index dim, Index heads, Index hidden, int layer_index, double init_std,
                                             double dynamics_init_scale, double init_time, const std::string& memory,
-                                            bool reference_kernels) {
+                                            bool reference_kernels, const MaskSettings& mask = {}) {
   coupledqk::AttentionConfig c;
   c.dim = dim;
   c.heads = heads;
@@ -74,8 +95,14 @@ coupledqk::AttentionConfig attention_config(Index dim, Index heads, Index hidden
   c.init_time = init_time;
   c.memory = parse_memory(memory);
   c.reference_kernels = reference_kernels;
+  c.causal = mask.causal;
+  c.window = mask.window;
+  c.positions = parse_positions(mask.positions);
+  c.rope_base = mask.rope_base;
+  c.rope_order = parse_rope_order(mask.rope_order);
   return c;
 }
+
 
 /// The dtypes the layer runs in: float32 and float64; TypeError for anything else.
 void require_dtype(const at::Tensor& t, const std::string& what) {
@@ -91,6 +118,20 @@ void require_cpu(const at::Tensor& t, const std::string& what) {
     throw py::value_error(what + " is on device '" + t.device().str() +
                           "'; coupledqk's torch extension runs on the CPU only (it is built without CUDA): "
                           "move the module and its input with .cpu()");
+}
+
+/// The integer values of a [n] tensor of valid lengths or offsets (int32 or int64, CPU), checked.
+std::vector<Index> index_values(const at::Tensor& t, const std::string& what, const std::string& meaning) {
+  require_cpu(t, what);
+  const auto st = t.scalar_type();
+  if (st != at::kLong && st != at::kInt && st != at::kShort && st != at::kChar && st != at::kByte)
+    throw py::type_error(what + " has dtype " + dtype_string(st) + "; expected an integer tensor (torch.int64 or "
+                         "torch.int32) of " + meaning);
+  if (t.dim() != 1)
+    throw py::value_error(what + " has shape " + shape_string(t.sizes()) + "; expected a 1-D tensor of " + meaning);
+  const at::Tensor v = t.to(at::kLong).contiguous();
+  const int64_t* p = v.data_ptr<int64_t>();
+  return std::vector<Index>(p, p + v.numel());
 }
 
 /// What one forward kept, for the autograd Function's backward.
@@ -139,12 +180,14 @@ class PassHandle {
 class Layer {
  public:
   Layer(std::string attention, int steps, Index dim, Index heads, Index hidden, int layer_index, double init_std,
-        double dynamics_init_scale, double init_time, const std::string& memory, bool reference_kernels)
+        double dynamics_init_scale, double init_time, const std::string& memory, bool reference_kernels,
+        bool causal, Index window, const std::string& positions, double rope_base, const std::string& rope_order)
       : attention_(std::move(attention)),
         steps_(steps),
         memory_(memory),
+        mask_{causal, window, positions, rope_base, rope_order},
         config_(attention_config(dim, heads, hidden, layer_index, init_std, dynamics_init_scale, init_time, memory,
-                                 reference_kernels)) {
+                                 reference_kernels, mask_)) {
     cp::check_attention(attention_, steps_, config_);  // the name, the steps and the config, before allocating
     kernel<double>();
   }
@@ -171,18 +214,42 @@ class Layer {
     return out;
   }
 
-  /// y = layer(x) for x [B, T, D] and the parameters in specs() order; with the pass for the
-  /// backward when keep.
+  /// y = layer(x) for x [B, T, D] (lengths: none, or a [B] tensor of the valid lengths of
+  /// right-padded sequences) or x [N, D] packed (offsets: a [B+1] tensor 0, ..., N), and the
+  /// parameters in specs() order; with the pass for the backward when keep.
   std::pair<at::Tensor, std::optional<PassHandle>> forward(const at::Tensor& x_in, const std::vector<at::Tensor>& params,
-                                                           bool keep) {
+                                                           bool keep, const std::optional<at::Tensor>& lengths,
+                                                           const std::optional<at::Tensor>& offsets) {
     const Index D = config_.dim;
     require_cpu(x_in, "x");
     require_dtype(x_in, "x");
-    if (x_in.dim() != 3 || x_in.size(2) != D)
-      throw py::value_error("x has shape " + shape_string(x_in.sizes()) + "; expected [B, T, " + std::to_string(D) +
-                            "] (batch, sequence, dim = " + std::to_string(D) + ")");
-    if (x_in.size(0) == 0 || x_in.size(1) == 0)
-      throw py::value_error("x has shape " + shape_string(x_in.sizes()) + "; expected B > 0 and T > 0");
+    coupledqk::Sequences seqs;
+    if (offsets) {
+      if (lengths) throw py::value_error("give lengths (padded) or offsets (packed), not both");
+      if (x_in.dim() != 2 || x_in.size(1) != D)
+        throw py::value_error("packed x has shape " + shape_string(x_in.sizes()) + "; expected [N, " +
+                              std::to_string(D) + "] (every sequence's tokens end to end, dim = " + std::to_string(D) +
+                              ")");
+      seqs = coupledqk::Sequences::packed(index_values(*offsets, "offsets", "B+1 row offsets 0, ..., N"));
+      if (seqs.rows() != x_in.size(0))
+        throw py::value_error("offsets end at " + std::to_string(seqs.rows()) + "; x holds N = " +
+                              std::to_string(x_in.size(0)) + " rows");
+    } else {
+      if (x_in.dim() != 3 || x_in.size(2) != D)
+        throw py::value_error("x has shape " + shape_string(x_in.sizes()) + "; expected [B, T, " + std::to_string(D) +
+                              "] (batch, sequence, dim = " + std::to_string(D) + ")");
+      if (x_in.size(0) == 0 || x_in.size(1) == 0)
+        throw py::value_error("x has shape " + shape_string(x_in.sizes()) + "; expected B > 0 and T > 0");
+      if (lengths) {
+        std::vector<Index> l = index_values(*lengths, "lengths", "the B valid lengths");
+        if (static_cast<int64_t>(l.size()) != x_in.size(0))
+          throw py::value_error("lengths holds " + std::to_string(l.size()) + " values; x holds B = " +
+                                std::to_string(x_in.size(0)) + " sequences");
+        seqs = coupledqk::Sequences::padded(x_in.size(1), std::move(l));
+      } else {
+        seqs = coupledqk::Sequences::equal(x_in.size(0), x_in.size(1));
+      }
+    }
     const at::ScalarType dtype = x_in.scalar_type();
     const auto& specs = kernel<double>().specs();
     if (params.size() != specs.size())
@@ -207,7 +274,7 @@ class Layer {
     const at::Tensor x = x_in.contiguous();
     at::Tensor y = at::empty(x.sizes(), x.options());
     std::shared_ptr<void> pass =
-        dtype == at::kFloat ? run<float>(x, p, y, keep) : run<double>(x, p, y, keep);
+        dtype == at::kFloat ? run<float>(x, seqs, p, y, keep) : run<double>(x, seqs, p, y, keep);
     if (!keep) return {y, std::nullopt};
     return {y, PassHandle(std::move(pass), dtype, std::move(shapes), x.sizes().vec())};
   }
@@ -219,7 +286,8 @@ class Layer {
   py::tuple arguments() const {
     return py::make_tuple(attention_, steps_, config_.dim, config_.heads, config_.hidden, config_.layer_index,
                           config_.init_std, config_.dynamics_init_scale, config_.init_time, memory_,
-                          config_.reference_kernels);
+                          config_.reference_kernels, mask_.causal, mask_.window, mask_.positions, mask_.rope_base,
+                          mask_.rope_order);
   }
 
  private:
@@ -238,7 +306,8 @@ class Layer {
   }
 
   template <class S>
-  std::shared_ptr<void> run(const at::Tensor& x, const std::vector<at::Tensor>& p, at::Tensor& y, bool keep) {
+  std::shared_ptr<void> run(const at::Tensor& x, const coupledqk::Sequences& seqs, const std::vector<at::Tensor>& p,
+                            at::Tensor& y, bool keep) {
     cp::Kernel<S>& k = kernel<S>();
     std::vector<const S*> ptrs;
     for (const auto& t : p) ptrs.push_back(t.data_ptr<S>());
@@ -246,12 +315,13 @@ class Layer {
     S* yp = y.data_ptr<S>();
     const int threads = at::get_num_threads();
     py::gil_scoped_release release;
-    return k.forward(xp, x.size(0), x.size(1), ptrs, yp, keep, threads);
+    return k.forward(xp, seqs, ptrs, yp, keep, threads);
   }
 
   std::string attention_;
   int steps_;
   std::string memory_;
+  MaskSettings mask_;
   coupledqk::AttentionConfig config_;
   std::tuple<std::unique_ptr<cp::Kernel<float>>, std::unique_ptr<cp::Kernel<double>>> kernels_;
 };
@@ -284,14 +354,17 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "check_attention",
       [](const std::string& attention, int steps, Index dim, Index heads, Index hidden, int layer_index,
-         double init_std, double dynamics_init_scale, double init_time, const std::string& memory) {
+         double init_std, double dynamics_init_scale, double init_time, const std::string& memory, bool causal,
+         Index window, const std::string& positions, double rope_base, const std::string& rope_order) {
         cp::check_attention(attention, steps,
                             attention_config(dim, heads, hidden, layer_index, init_std, dynamics_init_scale,
-                                             init_time, memory, false));
+                                             init_time, memory, false,
+                                             MaskSettings{causal, window, positions, rope_base, rope_order}));
       },
       py::arg("attention"), py::arg("steps"), py::arg("dim"), py::arg("heads"), py::arg("hidden"),
       py::arg("layer_index"), py::arg("init_std"), py::arg("dynamics_init_scale"), py::arg("init_time"),
-      py::arg("memory"),
+      py::arg("memory"), py::arg("causal") = true, py::arg("window") = 0, py::arg("positions") = "none",
+      py::arg("rope_base") = coupledqk::default_rope_base, py::arg("rope_order") = "dynamics-then-rotate",
       "ValueError, in the library's words, unless the library's layer takes these settings; builds nothing.");
   m.def(
       "check_gpt",
@@ -312,21 +385,31 @@ PYBIND11_MODULE(_C, m) {
            "(dx, [grad of each parameter]) for dy = dLoss/dy; gradients are written, not accumulated.");
 
   py::class_<Layer>(m, "Layer", "One attention variant with one configuration (float32 and float64).")
-      .def(py::init<std::string, int, Index, Index, Index, int, double, double, double, std::string, bool>(),
+      .def(py::init<std::string, int, Index, Index, Index, int, double, double, double, std::string, bool, bool, Index,
+                    std::string, double, std::string>(),
            py::arg("attention"), py::arg("steps"), py::arg("dim"), py::arg("heads"), py::arg("hidden"),
            py::arg("layer_index"), py::arg("init_std"), py::arg("dynamics_init_scale"), py::arg("init_time"),
-           py::arg("memory"), py::arg("reference_kernels"))
+           py::arg("memory"), py::arg("reference_kernels"), py::arg("causal") = true, py::arg("window") = 0,
+           py::arg("positions") = "none", py::arg("rope_base") = coupledqk::default_rope_base,
+           py::arg("rope_order") = "dynamics-then-rotate")
       .def("specs", &Layer::specs, "[(name, shape)] of every parameter, in the library's order.")
       .def("initial_parameters", &Layer::initial_parameters, py::arg("seed"), py::arg("dtype"))
-      .def("forward", &Layer::forward, py::arg("x"), py::arg("params"), py::arg("keep"))
+      .def("forward", &Layer::forward, py::arg("x"), py::arg("params"), py::arg("keep"),
+           py::arg("lengths") = py::none(), py::arg("offsets") = py::none())
       .def(py::pickle([](const Layer& l) { return l.arguments(); },
                       [](const py::tuple& a) {
-                        if (a.size() != 11)
+                        // 11 values: a layer pickled before masks and positions existed (causal, no window, none)
+                        if (a.size() != 11 && a.size() != 16)
                           throw py::value_error("coupledqk._C.Layer: a pickled state has " + std::to_string(a.size()) +
-                                                " values; expected 11");
+                                                " values; expected 16 (or 11, from before masks and positions)");
+                        const bool full = a.size() == 16;
                         return Layer(a[0].cast<std::string>(), a[1].cast<int>(), a[2].cast<Index>(), a[3].cast<Index>(),
                                      a[4].cast<Index>(), a[5].cast<int>(), a[6].cast<double>(), a[7].cast<double>(),
-                                     a[8].cast<double>(), a[9].cast<std::string>(), a[10].cast<bool>());
+                                     a[8].cast<double>(), a[9].cast<std::string>(), a[10].cast<bool>(),
+                                     full ? a[11].cast<bool>() : true, full ? a[12].cast<Index>() : 0,
+                                     full ? a[13].cast<std::string>() : "none",
+                                     full ? a[14].cast<double>() : coupledqk::default_rope_base,
+                                     full ? a[15].cast<std::string>() : "dynamics-then-rotate");
                       }))
       .def_property_readonly("attention", &Layer::attention)
       .def_property_readonly("steps", &Layer::steps);

@@ -51,20 +51,36 @@ F32_CASES = [("standard", 1), ("leapfrog", 3), ("euler", 1), ("uncoupled", 3),
 # The velocity family (spec 3c): every name at steps 1 and 3 in single precision too.
 VELOCITY = ("drift", "newton-euler", "newton-leapfrog", "unit-leapfrog")
 F32_CASES += [(prefix + name, steps) for prefix in ("", "diff-") for name in VELOCITY for steps in STEPS_MAIN]
-# The integrators with an exact inverse (the tool's --recompute path); newton-euler has none.
+# Masks, sequence layouts and rotary positions (issue 22): each mask kind x these variants x
+# (no positions, rope after the dynamics, rope before them), in double precision.
+MASK_VARIANTS = ("standard", "leapfrog", "affine", "diff-leapfrog")
+PACKED_SHAPE = dict(B=1, T=12, D=16, H=4, m=8)  # x [1, N, D]: sequences of 5, 1 and 6 tokens
+MASKS = [  # (tag, metadata, shape)
+    ("causal", {}, cases.MAIN_SHAPE),
+    ("bidir", {"causal": "0"}, cases.MAIN_SHAPE),
+    ("win3", {"window": "3"}, cases.MAIN_SHAPE),
+    ("bidir-win2", {"causal": "0", "window": "2"}, cases.MAIN_SHAPE),
+    ("padded", {"lengths": "7,4"}, cases.MAIN_SHAPE),
+    ("padded-bidir", {"causal": "0", "lengths": "3,7"}, cases.MAIN_SHAPE),
+    ("packed", {"offsets": "0,5,6,12"}, PACKED_SHAPE),
+    ("packed-bidir-win2", {"causal": "0", "window": "2", "offsets": "0,5,6,12"}, PACKED_SHAPE),
+]
+POSITIONS = [("", {}), ("-rope", {"positions": "rope", "rope_base": "100"}),
+             ("-rope-first", {"positions": "rope", "rope_base": "100", "rope_order": "rotate-then-dynamics"})]
 DEFAULT_SEED = 20240607
 
 
 class Case:
     """One random case file plus the tool runs made on it."""
 
-    def __init__(self, index, variant, steps, dtype, shape, shape_tag, reversible=()):
+    def __init__(self, index, variant, steps, dtype, shape, shape_tag, extra=None, reversible=()):
         self.index = index
         self.variant = variant
         self.steps = steps
         self.dtype = dtype
         self.shape = shape          # dict B, T, D, H, m
-        self.shape_tag = shape_tag  # "main" / "alt", for the report
+        self.shape_tag = shape_tag  # "main" / "alt" / a mask's tag, for the report
+        self.extra = extra or {}    # metadata of the mask and positions
         # The fused tool may recompute the dynamics in backward; test both paths for the
         # variants the tool's table calls reversible.
         self.modes = [False, True] if variant in reversible else [False]
@@ -85,6 +101,10 @@ def build_cases(variants, reversible=()):
         specs.append((variant, STEPS_ALT, "F64", cases.ALT_SHAPE, "alt"))
     for variant, steps in F32_CASES:
         specs.append((variant, steps, "F32", cases.MAIN_SHAPE, "main"))
+    for variant in MASK_VARIANTS:
+        for tag, meta, shape in MASKS:
+            for ptag, pmeta in POSITIONS:
+                specs.append((variant, 2, "F64", shape, tag + ptag, {**meta, **pmeta}))
     result = [Case(i, *spec, reversible=reversible) for i, spec in enumerate(specs)]
     if variants:
         result = [case for case in result if case.variant in variants]
@@ -259,6 +279,7 @@ def run_all(args):
             rng = np.random.default_rng([args.seed, case.index])
             case_tensors, metadata = cases.random_case(rng, case.variant, case.steps,
                                                        dtype=case.dtype, **case.shape)
+            metadata.update(case.extra)
             in_path = os.path.join(workdir, case.name + ".in.safetensors")
             safetensors_io.write(in_path, case_tensors, metadata)
             ref = reference_for(case_tensors, metadata)

@@ -13,7 +13,18 @@ Notation (shapes):
                  with step size h = softplus(rho[head]) / steps for `steps` steps.
 
 Tensor names follow the case-file convention: "x", "wq", ..., "dyn.W", "lq1", ...
-Metadata values are strings: attention, steps, heads, m, layer_index.
+Metadata values are strings: attention, steps, heads, m, layer_index, and optionally the mask and
+the positions (absent: causal, no window, equal sequences, no positions):
+    causal       "1" (default) or "0" (bidirectional)
+    window       sliding window w, "0" = none (causal: t - w < t' <= t; bidirectional: |t - t'| < w)
+    lengths      "L0,L1,..." valid lengths of the B right-padded sequences of x [B, T, D]
+    offsets      "0,o1,...,N" packed sequences: x is [1, N, D], sequence b = tokens o_b..o_{b+1}-1
+    positions    "none" (default) or "rope" (rotate-half, pairs (i, i + d/2), frequency base^(-2i/d),
+                 position counted from 0 at each sequence's first token)
+    rope_base    "10000" by default
+    rope_order   "dynamics-then-rotate" (default) or "rotate-then-dynamics"
+The mask is applied as torch's scaled_dot_product_attention applies a boolean attn_mask (its
+documented math: scores masked to -inf before the softmax); padding rows of the output are zero.
 """
 
 import math
@@ -113,6 +124,25 @@ def config_from(tensors, meta):
         raise ValueError(f"D={D} is not divisible by heads={H}")
     if scoring == "diff" and H % 2:
         raise ValueError(f"differential attention needs an even number of heads, got {H}")
+    causal = meta.get("causal", "1")
+    if causal not in ("0", "1"):
+        raise ValueError(f"causal must be '0' or '1', got {causal!r}")
+    window = int(meta.get("window", "0"))
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    lengths = [int(v) for v in meta["lengths"].split(",")] if "lengths" in meta else None
+    offsets = [int(v) for v in meta["offsets"].split(",")] if "offsets" in meta else None
+    if lengths is not None and (len(lengths) != B or not all(1 <= n <= T for n in lengths)):
+        raise ValueError(f"lengths {lengths} must be B={B} values in 1..{T}")
+    if offsets is not None and (B != 1 or offsets[0] != 0 or offsets[-1] != T
+                                or any(b <= a for a, b in zip(offsets, offsets[1:]))):
+        raise ValueError(f"offsets {offsets} must rise strictly from 0 to N={T} (x is [1, N, D])")
+    positions = meta.get("positions", "none")
+    if positions not in ("none", "rope"):
+        raise ValueError(f"positions must be 'none' or 'rope', got {positions!r}")
+    rope_order = meta.get("rope_order", "dynamics-then-rotate")
+    if rope_order not in ("dynamics-then-rotate", "rotate-then-dynamics"):
+        raise ValueError(f"unknown rope_order {rope_order!r}")
     if integrator is not None and steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if integrator == "uncoupled" and m % 2:
@@ -124,7 +154,9 @@ def config_from(tensors, meta):
             raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, "
                              f"expected {tuple(shape)}")
     return dict(variant=variant, scoring=scoring, integrator=integrator, steps=steps,
-                B=B, T=T, D=D, H=H, d=D // H, m=m, layer_index=layer)
+                B=B, T=T, D=D, H=H, d=D // H, m=m, layer_index=layer, causal=causal == "1",
+                window=window, lengths=lengths, offsets=offsets, positions=positions,
+                rope_base=float(meta.get("rope_base", "10000")), rope_order=rope_order)
 
 
 # ----------------------------------------------------------------------------
@@ -235,28 +267,83 @@ def dynamics_tensors(tensors):
 # Scoring
 # ----------------------------------------------------------------------------
 
-def causal_softmax(q, k):
-    """Causal attention probabilities.
+def layout(cfg):
+    """The mask and positions of a case, from its settings.
 
-    q, k: [B, heads, T, d] -> P [B, heads, T, T] with P[..., i, j] = 0 for j > i.
+    Returns (allowed [B, T, T] bool: query i may read key j; valid [B, T] bool: row is a token,
+    not padding; positions [B, T] long: each token's position in its own sequence).
     """
-    d, T = q.shape[-1], q.shape[-2]
+    B, T = cfg["B"], cfg["T"]
+    i = torch.arange(T).view(T, 1)
+    j = torch.arange(T).view(1, T)
+    seq = torch.zeros(B, T, dtype=torch.long)    # which sequence a row belongs to
+    pos = torch.arange(T).repeat(B, 1)           # position within it
+    valid = torch.ones(B, T, dtype=torch.bool)
+    if cfg["lengths"] is not None:
+        for b, n in enumerate(cfg["lengths"]):
+            valid[b, n:] = False
+    if cfg["offsets"] is not None:
+        for b in range(len(cfg["offsets"]) - 1):
+            lo, hi = cfg["offsets"][b], cfg["offsets"][b + 1]
+            seq[0, lo:hi] = b
+            pos[0, lo:hi] = torch.arange(hi - lo)
+    allowed = (seq.unsqueeze(2) == seq.unsqueeze(1)) & valid.unsqueeze(1)  # same sequence, a real key
+    pi, pj = pos.unsqueeze(2), pos.unsqueeze(1)
+    if cfg["causal"]:
+        allowed &= pj <= pi
+    w = cfg["window"]
+    if w > 0:
+        allowed &= (pi - pj < w) if cfg["causal"] else ((pi - pj).abs() < w)
+    # a padding row reads its own key only (finite everywhere); its output is zeroed afterwards
+    eye = (i == j).unsqueeze(0)
+    allowed = torch.where(valid.unsqueeze(2), allowed, eye)
+    return allowed, valid, pos
+
+
+def masked_softmax(q, k, allowed):
+    """Attention probabilities under a boolean mask.
+
+    q, k: [B, heads, T, d]; allowed [B, T, T] -> P [B, heads, T, T], zero where not allowed.
+    """
+    d = q.shape[-1]
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # True where j > i
-    return torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return torch.softmax(scores.masked_fill(~allowed.unsqueeze(1), float("-inf")), dim=-1)
 
 
-def softmax_attention(Q, K, V):
-    """Standard causal attention per head. Q, K, V: [B, T, H, d] -> O [B, T, H*d]."""
+def softmax_attention(Q, K, V, allowed):
+    """Standard attention per head under `allowed` [B, T, T]. Q, K, V: [B, T, H, d] -> O [B, T, H*d].
+
+    With torch >= 2.0 this is F.scaled_dot_product_attention(q, k, v, attn_mask=allowed); the
+    Debian torch (1.13) has no such function, so its documented math is written out.
+    """
     B, T, H, d = Q.shape
     heads_first = lambda X: X.transpose(1, 2)  # [B, T, H, d] -> [B, H, T, d]
-    P = causal_softmax(heads_first(Q), heads_first(K))  # [B, H, T, T]
-    O = P @ heads_first(V)  # [B, H, T, d]
+    if hasattr(F, "scaled_dot_product_attention"):
+        O = F.scaled_dot_product_attention(heads_first(Q), heads_first(K), heads_first(V),
+                                           attn_mask=allowed.unsqueeze(1))
+    else:
+        P = masked_softmax(heads_first(Q), heads_first(K), allowed)  # [B, H, T, T]
+        O = P @ heads_first(V)  # [B, H, T, d]
     return O.transpose(1, 2).reshape(B, T, H * d)
 
 
-def differential_attention(Q, K, V, tensors, layer_index):
-    """Differential causal attention. Q, K, V: [B, T, H, d] with H even -> O [B, T, H*d].
+def rope(X, positions, base):
+    """Rotary positions, rotate-half convention: X [B, T, H, d], positions [B, T].
+
+    y = x cos(p w) + rotate_half(x) sin(p w), rotate_half(x) = (-x[d/2:], x[:d/2]), w_i = base^(-2i/d).
+    """
+    d = X.shape[-1]
+    half = d // 2
+    w = base ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
+    angle = positions.to(torch.float64).unsqueeze(-1) * w  # [B, T, d/2]
+    cos = torch.cat([torch.cos(angle)] * 2, dim=-1).unsqueeze(2).to(X.dtype)  # [B, T, 1, d]
+    sin = torch.cat([torch.sin(angle)] * 2, dim=-1).unsqueeze(2).to(X.dtype)
+    rotate_half = torch.cat([-X[..., half:], X[..., :half]], dim=-1)
+    return X * cos + rotate_half * sin
+
+
+def differential_attention(Q, K, V, tensors, layer_index, allowed):
+    """Differential attention under `allowed` [B, T, T]. Q, K, V: [B, T, H, d], H even -> O [B, T, H*d].
 
     Differential head g pairs sub-heads 2g (Q1, K1) and 2g+1 (Q2, K2) and reads the
     value channels [g*2d, (g+1)*2d).
@@ -272,7 +359,7 @@ def differential_attention(Q, K, V, tensors, layer_index):
     lam_init = lambda_init(layer_index)
     lam = (torch.exp(torch.sum(tensors["lq1"] * tensors["lk1"]))
            - torch.exp(torch.sum(tensors["lq2"] * tensors["lk2"])) + lam_init)
-    A = causal_softmax(Q1, K1) - lam * causal_softmax(Q2, K2)  # [B, G, T, T]
+    A = masked_softmax(Q1, K1, allowed) - lam * masked_softmax(Q2, K2, allowed)  # [B, G, T, T]
     Og = A @ Vg  # [B, G, T, 2d]
     # RMS-normalise each head's 2d channels per token, then scale.
     Ng = Og / torch.sqrt(torch.mean(Og ** 2, dim=-1, keepdim=True) + RMS_EPS)
@@ -292,15 +379,24 @@ def forward(tensors, meta):
     Q = (x @ tensors["wq"]).reshape(B, T, H, d)
     K = (x @ tensors["wk"]).reshape(B, T, H, d)
     V = (x @ tensors["wv"]).reshape(B, T, H, d)
+    allowed, valid, pos = layout(cfg)
+    rotary = cfg["positions"] == "rope"
+    rotate_first = rotary and cfg["rope_order"] == "rotate-then-dynamics"
+    if rotate_first:
+        Q, K = rope(Q, pos, cfg["rope_base"]), rope(K, pos, cfg["rope_base"])
 
     if cfg["integrator"] is not None:
         h = step_sizes(tensors["dyn.rho"], cfg["steps"])
         Q, K = integrate(Q, K, dynamics_tensors(tensors), cfg["integrator"], cfg["steps"], h)
 
+    if rotary and not rotate_first:
+        Q, K = rope(Q, pos, cfg["rope_base"]), rope(K, pos, cfg["rope_base"])
+
     if cfg["scoring"] == "softmax":
-        O = softmax_attention(Q, K, V)
+        O = softmax_attention(Q, K, V, allowed)
     else:
-        O = differential_attention(Q, K, V, tensors, cfg["layer_index"])
+        O = differential_attention(Q, K, V, tensors, cfg["layer_index"], allowed)
+    O = O * valid.unsqueeze(-1).to(O.dtype)  # padding rows give zero
     return O @ tensors["wo"]
 
 

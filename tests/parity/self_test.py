@@ -263,6 +263,66 @@ def check_multihead_attention():
     return err <= 1e-12, f"max rel err {err:.1e}"
 
 
+def check_multihead_attention_masks():
+    """standard under every mask == torch.nn.MultiheadAttention with the same boolean attn_mask
+    (True = not allowed) and, for padded batches, its key_padding_mask (valid rows compared;
+    padding rows must be zero in the reference)."""
+    worst = 0.0
+    for meta_extra, lengths in (({"causal": "0"}, None), ({"window": "3"}, None),
+                                ({"causal": "0", "window": "2"}, None),
+                                ({"causal": "0", "lengths": "3,7"}, [3, 7]),
+                                ({"lengths": "7,4", "window": "2"}, [7, 4])):
+        tensors, meta = torch_case("standard", seed=3)
+        meta.update(meta_extra)
+        D, H = tensors["x"].shape[-1], int(meta["heads"])
+        B, T = tensors["x"].shape[:2]
+        causal, w = meta.get("causal", "1") == "1", int(meta.get("window", "0"))
+        i, j = torch.arange(T).view(T, 1), torch.arange(T).view(1, T)
+        blocked = (j > i) if causal else torch.zeros(T, T, dtype=torch.bool)
+        if w:
+            blocked |= (i - j >= w) if causal else ((i - j).abs() >= w)
+        pad = None
+        if lengths:
+            pad = torch.arange(T).view(1, T) >= torch.tensor(lengths).view(B, 1)
+        mha = torch.nn.MultiheadAttention(D, H, bias=False, batch_first=True).double()
+        with torch.no_grad():
+            mha.in_proj_weight.copy_(torch.cat([tensors["wq"].T, tensors["wk"].T, tensors["wv"].T]))
+            mha.out_proj.weight.copy_(tensors["wo"].T)
+            x = tensors["x"]
+            y_torch, _ = mha(x, x, x, attn_mask=blocked, key_padding_mask=pad, need_weights=False)
+            y = reference.forward(tensors, meta)
+        if pad is not None:
+            if float(y[pad].abs().max()) != 0.0:
+                return False, f"{meta_extra}: padding rows are not zero"
+            y, y_torch = y[~pad], y_torch[~pad]
+        worst = max(worst, max_rel(y, y_torch))
+    return worst <= 1e-12, f"5 masks, max rel err {worst:.1e}"
+
+
+def check_rope_formula():
+    """rope() == the rotation written out pair by pair, and scores depend on t - t' only."""
+    rng = np.random.default_rng(5)
+    X = torch.tensor(rng.standard_normal((2, 6, 3, 8)))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
+    Y = reference.rope(X, pos, 50.0)
+    want = X.clone()
+    for b in range(2):
+        for t in range(6):
+            for i in range(4):
+                a = float(pos[b, t]) * 50.0 ** (-2.0 * i / 8)
+                x1, x2 = X[b, t, :, i], X[b, t, :, i + 4]
+                want[b, t, :, i] = x1 * math.cos(a) - x2 * math.sin(a)
+                want[b, t, :, i + 4] = x2 * math.cos(a) + x1 * math.sin(a)
+    err = max_rel(Y, want)
+    q, k = X[0], X[1]
+    s0 = torch.einsum("thd,shd->hts", reference.rope(q[None], pos[:1], 50.0)[0],
+                      reference.rope(k[None], pos[:1], 50.0)[0])
+    s1 = torch.einsum("thd,shd->hts", reference.rope(q[None], pos[:1] + 100, 50.0)[0],
+                      reference.rope(k[None], pos[:1] + 100, 50.0)[0])
+    shift = max_rel(s1, s0)
+    return err <= 1e-14 and shift <= 1e-10, f"formula err {err:.1e}, shift err {shift:.1e}"
+
+
 # ----------------------------------------------------------------------------
 # Properties of the reference
 # ----------------------------------------------------------------------------
@@ -469,6 +529,9 @@ def main():
     for variant in VARIANTS:
         run_check(f"{variant}: matches loop-based numpy implementation", check_naive(variant))
     run_check("standard: matches torch.nn.MultiheadAttention", check_multihead_attention)
+    run_check("standard, masks and padding: matches torch.nn.MultiheadAttention",
+              check_multihead_attention_masks)
+    run_check("rope: the rotate-half formula; scores depend on t - t' only", check_rope_formula)
     for variant in VARIANTS:
         run_check(f"{variant}: gradcheck", check_gradcheck(variant))
     for variant in COUPLED_TO_PLAIN:

@@ -1,6 +1,7 @@
 // A whole attention layer as ONE tape node, with the layer's analytic backward.
 //
 //     y = ops::attention(tape, layer, x, batch, &grad);    x, y: [B*T, D], rows ordered (b, t)
+//     y = ops::attention(tape, layer, x, seqs, &grad);     padded or packed sequences (scoring/mask.hpp)
 //
 // The node keeps the layer's Attention::Context (what the layer's forward keeps: its input, the
 // evolved Q', K', V, the scoring output and statistics, the dynamics' states, and the backward's
@@ -17,11 +18,11 @@
 
 namespace coupledqk::ops {
 
-/// `layer` and `grad` must outlive the tape's backward. grad: null to leave the layer's parameters
-/// out of the backward (frozen), else a buffer from layer.zero_gradients().
-template <class S, class I, class Sc>
-Var attention(Tape<S>& t, const Attention<S, I, Sc>& layer, Var x, Index batch,
-              typename Attention<S, I, Sc>::Parameters* grad) {
+namespace detail {
+/// The node; Batch is B (an Index: B sequences of T rows) or a Sequences (padded or packed).
+template <class S, class I, class Sc, class Batch>
+Var attention_node(Tape<S>& t, const Attention<S, I, Sc>& layer, Var x, const Batch& batch,
+                   typename Attention<S, I, Sc>::Parameters* grad) {
   using Layer = Attention<S, I, Sc>;
   const Index N = t.rows(x), D = layer.config().dim;
   require(t.cols(x) == D, "attention op: x has ", t.cols(x), " columns; the layer's dim is D = ", D);
@@ -53,6 +54,23 @@ Var attention(Tape<S>& t, const Attention<S, I, Sc>& layer, Var x, Index batch,
   t.set_backward(y, Backward{&layer, grad, x, y, &ctx});
   layer.forward_into(t.value(x), batch, &ctx, t.output(y));
   return y;
+}
+}  // namespace detail
+
+/// `layer` and `grad` must outlive the tape's backward. grad: null to leave the layer's parameters
+/// out of the backward (frozen), else a buffer from layer.zero_gradients().
+template <class S, class I, class Sc>
+Var attention(Tape<S>& t, const Attention<S, I, Sc>& layer, Var x, Index batch,
+              typename Attention<S, I, Sc>::Parameters* grad) {
+  return detail::attention_node(t, layer, x, batch, grad);
+}
+
+/// The same over sequences of their own lengths (right-padded or packed); x: [seqs.rows(), D].
+/// `seqs` is copied into the node: it need not outlive the call.
+template <class S, class I, class Sc>
+Var attention(Tape<S>& t, const Attention<S, I, Sc>& layer, Var x, const Sequences& seqs,
+              typename Attention<S, I, Sc>::Parameters* grad) {
+  return detail::attention_node(t, layer, x, seqs, grad);
 }
 
 }  // namespace coupledqk::ops

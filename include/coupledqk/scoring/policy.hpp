@@ -1,7 +1,10 @@
 // The scoring policy interface: how evolved queries and keys become the attention output.
 //
-// A scoring reads Q', K', V [B*T, D] (rows ordered (b, t), head h in columns [h d, (h+1) d)) and
-// writes O [B*T, D], causally: row (b, t) reads only rows (b, t' <= t). A policy is a struct with:
+// A scoring reads Q', K', V [rows, D] (head h in columns [h d, (h+1) d)) and writes O [rows, D]. The
+// rows are B sequences (ScoringShape::start(b), length(b): B*T rows of equal sequences by default,
+// or right-padded, or packed; scoring/mask.hpp), and row t of a sequence reads only the rows of its
+// own sequence that ScoringShape::mask allows (by default causally, t' <= t). Padding rows of O are
+// zero, and their rows of dq, dk, dv too. A policy is a struct with:
 //
 //   static constexpr const char* name;                 // e.g. "softmax"
 //   template <class S> using parameters = ...;         // named tensors (EmptyParameters if none)
@@ -24,6 +27,10 @@
 //   // Incremental decoding: the newest token's evolved query q [1, D] against the cached evolved
 //   // keys and values of its sequence [t+1, D] (the shape's seq = t+1, batch = 1); o [1, D] (=).
 //   // Must equal row t of forward() on the whole prefix, to round-off.
+//   // A policy that reads the shape's mask and sequences says so; without it the layer refuses
+//   // every mask but the default causal one over equal sequences:
+//   static constexpr bool supports_masks = true;
+//
 //   template <class S> static void decode(const parameters<S>&, const ScoringShape&,
 //       const ConstMatrixRef<S>& q, const ConstBlockRef<S>& keys, const ConstBlockRef<S>& values,
 //       MatrixRef<S> o);
@@ -36,18 +43,39 @@
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
 #include "../core/types.hpp"
+#include "mask.hpp"
 
 namespace coupledqk {
 
 /// Everything a scoring policy needs to know about one call.
 struct ScoringShape {
   Index batch = 0;         ///< B
-  Index seq = 0;           ///< T
+  Index seq = 0;           ///< T (rows per sequence; the longest sequence when packed)
   Index heads = 0;         ///< H (query/key pairs per token)
   Index head_dim = 0;      ///< d
   int layer_index = 0;     ///< 0-based, used by Differential's lambda_init
   bool reference = false;  ///< true: the plain path (T x T probabilities); false: FlashSoftmax
+  Mask mask{};             ///< which keys each query sees (causal by default)
+  const Sequences* sequences = nullptr;  ///< the rows' layout; null: B sequences of T rows
+
+  /// First row of sequence b and its number of tokens (padding excluded).
+  Index start(Index b) const { return sequences ? sequences->start(b) : b * seq; }
+  Index length(Index b) const { return sequences ? sequences->length(b) : seq; }
+  /// True when some rows are padding (their output and gradients are zero).
+  bool padded() const { return sequences && !sequences->dense(); }
+  /// True for the default: causal over B equal sequences.
+  bool is_default() const { return mask.is_default() && (!sequences || sequences->layout() == SequenceLayout::equal); }
 };
+
+namespace detail {
+template <class Sc, class = void>
+struct scoring_supports_masks : std::false_type {};
+template <class Sc>
+struct scoring_supports_masks<Sc, std::enable_if_t<Sc::supports_masks>> : std::true_type {};
+}  // namespace detail
+/// Whether a scoring policy reads ScoringShape::mask and ::sequences (static supports_masks = true).
+template <class Sc>
+inline constexpr bool supports_masks_v = detail::scoring_supports_masks<Sc>::value;
 
 namespace detail {
 template <class Sc, class = void>

@@ -24,9 +24,10 @@ struct GradientError {
 };
 
 /// Checks d(sum(y * dy))/d(x) and /d(every parameter) of `layer` against central differences with
-/// step eps. Returns one entry per tensor ("x" first, then the parameters in visit order).
-template <class Layer>
-std::vector<GradientError> check_gradients(Layer layer, const Matrix<double>& x, Index batch,
+/// step eps. Returns one entry per tensor ("x" first, then the parameters in visit order). batch: B
+/// (B sequences of equal length) or a Sequences (padded or packed, scoring/mask.hpp).
+template <class Layer, class Batch>
+std::vector<GradientError> check_gradients(Layer layer, const Matrix<double>& x, const Batch& batch,
                                            const Matrix<double>& dy, double eps = 1e-6) {
   static_assert(std::is_same_v<typename Layer::scalar, double>, "gradient checks run in double");
   auto loss = [&](const Layer& l, const Matrix<double>& input) {

@@ -122,6 +122,8 @@ class Attention {
   explicit Attention(const AttentionConfig& config) : config_(config) {
     require(config_.positions == Positions::none, "cuda::Attention: positions = ", to_string(config_.positions),
             " (rotary embeddings) runs on the CPU layer only so far; the device layer takes positions = none");
+    require(config_.mask().is_default(), "cuda::Attention: the mask '", to_string(config_.mask()),
+            "' runs on the CPU layer only so far; the device layer takes the default causal mask without a window");
     const typename Host::ParameterLayout layout = Host::parameter_layout(config_);
     const Index D = config_.dim;
     off_wq_ = 0;
