@@ -113,7 +113,10 @@ std::string to_json(const CheckpointInfo& info) {
   const RunFingerprint& r = info.run;
   json j;
   j["format"] = checkpoint_format;
-  j["version"] = checkpoint_version;
+  // Version 2 only for what version 1 cannot describe (other positions, a window): readers of
+  // version 1 refuse those by their version instead of missing a wpe tensor.
+  const bool v2 = m.positions != GptPositions::learned || m.window != 0;
+  j["version"] = v2 ? checkpoint_version : 1;
   j["model"] = {{"vocab", m.vocab},
                 {"dim", m.dim},
                 {"layers", m.layers},
@@ -124,7 +127,11 @@ std::string to_json(const CheckpointInfo& info) {
                 {"steps", m.steps},
                 {"init_std", m.init_std},
                 {"dynamics_init_scale", m.dynamics_init_scale},
-                {"init_time", m.init_time}};
+                {"init_time", m.init_time},
+                {"positions", to_string(m.positions)},
+                {"rope_base", m.rope_base},
+                {"rope_order", to_string(m.rope_order)},
+                {"window", m.window}};
   j["training"] = {{"corpus", r.corpus},
                    {"tokenizer_hash", r.tokenizer_hash},
                    {"batch", r.batch},
@@ -182,6 +189,18 @@ CheckpointInfo checkpoint_info_from_json(const std::string& text, const std::str
   c.init_std = get<double>(m, "init_std", "model.", source);
   c.dynamics_init_scale = get<double>(m, "dynamics_init_scale", "model.", source);
   c.init_time = get<double>(m, "init_time", "model.", source);
+  // Written since rotary positions and windows (docs/masks-and-positions.md): optional, so that
+  // earlier checkpoints (learned positions, no window) still read.
+  try {
+    if (m.contains("positions"))
+      c.positions = parse_gpt_positions(get<std::string>(m, "positions", "model.", source), "field 'model.positions'");
+    if (m.contains("rope_order"))
+      c.rope_order = parse_rope_order(get<std::string>(m, "rope_order", "model.", source), "field 'model.rope_order'");
+  } catch (const invalid_argument& e) {
+    throw io_error(where(source) + e.what());
+  }
+  if (m.contains("rope_base")) c.rope_base = get<double>(m, "rope_base", "model.", source);
+  if (m.contains("window")) c.window = get<Index>(m, "window", "model.", source);
   try {
     validate(c);
   } catch (const std::exception& e) {
@@ -297,7 +316,7 @@ Checkpoint checkpoint_from_file(io::file file) {
                      std::to_string(m.context) + ") needs " + io::detail::format_shape(shape));
   };
   expect_shape("model.wte", {m.vocab, m.dim});
-  expect_shape("model.wpe", {m.context, m.dim});
+  if (m.positions == GptPositions::learned) expect_shape("model.wpe", {m.context, m.dim});
   std::int64_t floats = 0;  // elements of the model's tensors (each checked by the reader, < 2^63)
   std::size_t model_tensors = 0;
   for (const io::tensor& t : c.file.tensors)
@@ -356,6 +375,12 @@ std::vector<std::string> compare_runs(const RunFingerprint& f, const RunFingerpr
   num("init_std", f.model.init_std, c.model.init_std);
   num("--dynamics-init-scale", f.model.dynamics_init_scale, c.model.dynamics_init_scale);
   num("--init-time", f.model.init_time, c.model.init_time);
+  add("--positions", to_string(f.model.positions), to_string(c.model.positions));
+  if (f.model.positions == GptPositions::rope || c.model.positions == GptPositions::rope) {
+    num("--rope-base", f.model.rope_base, c.model.rope_base);
+    add("--rope-order", to_string(f.model.rope_order), to_string(c.model.rope_order));
+  }
+  integer("--window", f.model.window, c.model.window);
   integer("--batch", f.batch, c.batch);
   if (f.seq != f.model.context || c.seq != c.model.context) integer("--seq", f.seq, c.seq);
   num("--lr", f.lr, c.lr);

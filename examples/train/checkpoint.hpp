@@ -43,7 +43,9 @@ namespace coupledqk::train {
 
 /// The format name and version in the "coupledqk" metadata.
 inline constexpr const char* checkpoint_format = "coupledqk-train-checkpoint";
-inline constexpr int checkpoint_version = 1;
+/// The newest version read (and written for models with rotary or no positions, or a window;
+/// version 1 for the rest, so that earlier builds still read those).
+inline constexpr int checkpoint_version = 2;
 
 /// One point of the validation curve.
 struct CurvePoint {

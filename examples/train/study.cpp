@@ -132,30 +132,44 @@ void set_flag(TrainOptions& o, const std::string& name, const std::string& text,
   }
 }
 
-/// The identity of a run: "name=value" of every flag that changes what is trained, sorted.
+/// "name=value" of a flag's current value (doubles to 17 significant digits).
+std::string flag_line(const FlagSpec& f) {
+  const std::string name = f.name.substr(2);
+  return std::visit(
+      [&](auto* target) -> std::string {
+        using T = std::remove_pointer_t<decltype(target)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return name + "=" + *target;
+        } else if constexpr (std::is_same_v<T, double>) {
+          char b[64];
+          std::snprintf(b, sizeof b, "%.17g", *target);
+          return name + "=" + b;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return name + "=" + (*target ? "true" : "false");
+        } else {
+          return name + "=" + std::to_string(*target);
+        }
+      },
+      f.target);
+}
+
+/// The identity of a run: "name=value" of every flag that changes what is trained, sorted. Flags
+/// added after the first studies (positions, rope-base, rope-order, window) are left out at their
+/// default values, so that the runs stored before them keep their ids.
 std::string identity_of(const TrainOptions& options) {
   TrainOptions o = options;
   o.budget_tokens = effective_budget_tokens(o);
+  TrainOptions defaults;
+  const std::vector<FlagSpec> default_flags = train_flags(defaults, false);
+  const std::set<std::string> later{"positions", "rope-base", "rope-order", "window"};
   std::vector<std::string> lines{"attention=" + o.attention, "steps=" + std::to_string(o.steps)};
-  for (const FlagSpec& f : train_flags(o, false)) {
-    const std::string name = f.name.substr(2);
+  const std::vector<FlagSpec> flags = train_flags(o, false);
+  for (std::size_t i = 0; i < flags.size(); ++i) {
+    const std::string name = flags[i].name.substr(2);
     if (name == "cache" || name == "threads" || name == "seconds") continue;
-    std::visit(
-        [&](auto* target) {
-          using T = std::remove_pointer_t<decltype(target)>;
-          if constexpr (std::is_same_v<T, std::string>) {
-            lines.push_back(name + "=" + *target);
-          } else if constexpr (std::is_same_v<T, double>) {
-            char b[64];
-            std::snprintf(b, sizeof b, "%.17g", *target);
-            lines.push_back(name + "=" + b);
-          } else if constexpr (std::is_same_v<T, bool>) {
-            lines.push_back(name + "=" + (*target ? "true" : "false"));
-          } else {
-            lines.push_back(name + "=" + std::to_string(*target));
-          }
-        },
-        f.target);
+    const std::string line = flag_line(flags[i]);
+    if (later.count(name) && line == flag_line(default_flags[i])) continue;
+    lines.push_back(line);
   }
   std::sort(lines.begin(), lines.end());
   std::string out;

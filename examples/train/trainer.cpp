@@ -298,6 +298,10 @@ GptConfig model_config(const TrainOptions& o) {
   c.steps = o.steps;
   c.dynamics_init_scale = o.dynamics_init_scale;
   c.init_time = o.init_time;
+  c.positions = parse_gpt_positions(o.positions, "--positions");
+  c.rope_base = o.rope_base;
+  c.rope_order = parse_rope_order(o.rope_order, "--rope-order");
+  c.window = o.window;
   return c;
 }
 
@@ -401,6 +405,18 @@ void validate(const TrainOptions& o) {
   check(std::isfinite(o.dynamics_init_scale) && o.dynamics_init_scale >= 0,
         "--dynamics-init-scale must be finite and >= 0; got " + s(o.dynamics_init_scale));
   check(std::isfinite(o.init_time) && o.init_time > 0, "--init-time must be finite and > 0; got " + s(o.init_time));
+  check(o.positions == "learned" || o.positions == "rope" || o.positions == "none",
+        "--positions '" + o.positions + "' is not one of: learned, rope, none");
+  check(o.rope_order == "dynamics-then-rotate" || o.rope_order == "rotate-then-dynamics",
+        "--rope-order '" + o.rope_order + "' is not one of: dynamics-then-rotate, rotate-then-dynamics");
+  check(std::isfinite(o.rope_base) && o.rope_base > 1, "--rope-base must be finite and > 1; got " + s(o.rope_base));
+  check(o.positions != "rope" || o.heads <= 0 || o.dim % o.heads != 0 || (o.dim / o.heads) % 2 == 0,
+        "--positions rope needs an even head width --dim / --heads; got " + s(o.dim) + " / " + s(o.heads) + " = " +
+            s(o.heads > 0 ? o.dim / o.heads : 0));
+  check(o.window >= 0, "--window must be >= 0 (0: no window); got " + s(o.window));
+  check(o.device != "cuda" || (o.positions == "learned" && o.window == 0),
+        "--device cuda trains learned positions without a window only; got --positions " + o.positions +
+            " --window " + s(o.window) + " (use --device cpu)");
   check(o.device == "cpu" || o.device == "cuda", "--device '" + o.device + "' is not one of: cpu, cuda");
   check(o.precision == "f32" || o.precision == "bf16",
         "--precision '" + o.precision + "' is not one of: f32, bf16");
@@ -1066,6 +1082,13 @@ std::vector<FlagSpec> train_flags(TrainOptions& o, bool run_flags) {
                "std of the dynamics' output weights at init: a, c; P*2; affine S, s0, T, t0 (0: standard at init)",
                &o.dynamics_init_scale});
   f.push_back({"--init-time", "integration time tau at init", &o.init_time});
+  f.push_back({"--positions", "positions: learned (a wpe table, GPT-2), rope (rotary q, k in every layer) or none",
+               &o.positions});
+  f.push_back({"--rope-base", "rotary base (frequencies base^(-2i/d)); with --positions rope", &o.rope_base});
+  f.push_back({"--rope-order", "with --positions rope: dynamics-then-rotate (the dynamics see position-free q, k) "
+                               "or rotate-then-dynamics", &o.rope_order});
+  f.push_back({"--window", "causal sliding window of every layer: each token reads its last W tokens (0: all)",
+               &o.window});
   f.push_back({"--seed", "seed of the initialisation and the batch sampler", &o.seed});
   f.push_back({"--threads", "threads for Eigen's GEMMs and OpenMP loops; 0: the cores idle at start (all of them on an "
                             "idle machine, 1 when other processes are busy; a resumed run: the checkpoint's count). "

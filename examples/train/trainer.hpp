@@ -69,6 +69,10 @@ struct TrainOptions {
   Index seq = Defaults::seq;  ///< T, the training sequence length; the model's context is T
   double dynamics_init_scale = 0.0;
   double init_time = 1.0;
+  std::string positions = "learned";  ///< learned (wpe), rope or none (GptConfig::positions)
+  double rope_base = default_rope_base;
+  std::string rope_order = "dynamics-then-rotate";  ///< or rotate-then-dynamics
+  Index window = 0;  ///< causal sliding window of every layer; 0: none
   // ---- optimisation
   Index batch = Defaults::batch;  ///< B sequences per step
   Index budget_tokens = 0;        ///< total_steps = ceil(budget_tokens / (B*T)); reproducible

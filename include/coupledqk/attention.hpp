@@ -26,6 +26,7 @@
 #include "core/random.hpp"
 #include "core/types.hpp"
 #include "integrators/policy.hpp"
+#include "io/quote.hpp"
 #include "positions/rope.hpp"
 #include "scoring/policy.hpp"
 
@@ -41,6 +42,14 @@ enum class RopeOrder { dynamics_then_rotate, rotate_then_dynamics };
 inline const char* to_string(Positions p) { return p == Positions::rope ? "rope" : "none"; }
 inline const char* to_string(RopeOrder o) {
   return o == RopeOrder::rotate_then_dynamics ? "rotate-then-dynamics" : "dynamics-then-rotate";
+}
+/// "dynamics-then-rotate" or "rotate-then-dynamics" (to_string's names); anything else throws
+/// invalid_argument naming `what` and the value.
+inline RopeOrder parse_rope_order(const std::string& name, const char* what = "rope_order") {
+  if (name == "dynamics-then-rotate") return RopeOrder::dynamics_then_rotate;
+  if (name == "rotate-then-dynamics") return RopeOrder::rotate_then_dynamics;
+  throw invalid_argument(std::string(what) + " is \"" + io::detail::quote(name) +
+                         "\"; expected dynamics-then-rotate or rotate-then-dynamics");
 }
 
 /// Sizes and initialisation of one attention layer. Defaults follow the method spec.

@@ -351,3 +351,116 @@ TEST_CASE("bad configurations and inputs are rejected with the value seen and wh
   CHECK_THROWS_WITH_AS(model->check_parameters(), Contains("parameter 'h.0.attn.wk' holds a non-finite value"),
                        coupledqk::invalid_argument);
 }
+
+// ---- positions and windows (docs/masks-and-positions.md) ------------------------------------------
+
+namespace {
+
+GptConfig with_positions(GptConfig c, GptPositions p, RopeOrder order = RopeOrder::dynamics_then_rotate,
+                         Index window = 0) {
+  c.positions = p;
+  c.rope_order = order;
+  c.rope_base = 50.0;  // a small base: the slow frequencies still turn visibly over 5 positions
+  c.window = window;
+  return c;
+}
+
+std::vector<std::string> names_of(AnyGpt<double>& m) {
+  std::vector<std::string> out;
+  for (const auto& v : m.parameters()) out.push_back(v.name);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("rope and none GPTs have no wpe; learned is the default and keeps it") {
+  auto learned = make_gpt<double>(tiny("leapfrog"), 3);
+  auto rope = make_gpt<double>(with_positions(tiny("leapfrog"), GptPositions::rope), 3);
+  auto none = make_gpt<double>(with_positions(tiny("leapfrog"), GptPositions::none), 3);
+  CHECK(GptConfig{}.positions == GptPositions::learned);
+  const auto ln = names_of(*learned), rn = names_of(*rope);
+  CHECK(std::find(ln.begin(), ln.end(), "wpe") != ln.end());
+  CHECK(std::find(rn.begin(), rn.end(), "wpe") == rn.end());
+  CHECK(rn.size() + 1 == ln.size());
+  CHECK(names_of(*none) == rn);
+  CHECK(rope->tensors().wpe.size() == 0);
+  CHECK(learned->parameter_report().total - rope->parameter_report().total == 5 * 8);  // context x D
+  // every layer rotates (rope) or not (none, learned), with the model's base and order
+  auto& g = dynamic_cast<Gpt<double, Leapfrog<1>, Softmax>&>(*rope);
+  CHECK(g.layer(1).config().positions == Positions::rope);
+  CHECK(g.layer(1).config().rope_base == 50.0);
+  CHECK(dynamic_cast<Gpt<double, Leapfrog<1>, Softmax>&>(*none).layer(0).config().positions == Positions::none);
+}
+
+TEST_CASE("whole-model gradients match central differences: rope (both orders), none, windows") {
+  check_model_gradients(with_positions(tiny("standard"), GptPositions::rope));
+  check_model_gradients(with_positions(tiny("leapfrog", 2), GptPositions::rope, RopeOrder::rotate_then_dynamics));
+  check_model_gradients(with_positions(tiny("diff-euler"), GptPositions::rope, RopeOrder::dynamics_then_rotate, 2));
+  check_model_gradients(with_positions(tiny("euler"), GptPositions::none, RopeOrder::dynamics_then_rotate, 3));
+  check_model_gradients(with_positions(tiny("leapfrog"), GptPositions::learned, RopeOrder::dynamics_then_rotate, 2));
+}
+
+TEST_CASE("the KV-cache decoder equals the full forward with rope and with a window") {
+  for (const GptConfig& c :
+       {with_positions(tiny("leapfrog", 2), GptPositions::rope), with_positions(tiny("euler"), GptPositions::rope, RopeOrder::rotate_then_dynamics),
+        with_positions(tiny("diff-leapfrog"), GptPositions::rope, RopeOrder::dynamics_then_rotate, 2),
+        with_positions(tiny("leapfrog"), GptPositions::learned, RopeOrder::dynamics_then_rotate, 2),
+        with_positions(tiny("standard"), GptPositions::none)}) {
+    CAPTURE(c.attention);
+    CAPTURE(to_string(c.positions));
+    CAPTURE(c.window);
+    auto model = make_gpt<double>(c, 8);
+    Rng rng(9);
+    const auto ids = random_ids(c.context, c.vocab, rng);
+    Tape<double> tape;
+    const Matrix<double> full = model->logits(tape, ids, 1);
+    const Matrix<double> inc = incremental_logits(*model, ids);
+    CHECK((inc - full).cwiseAbs().maxCoeff() <= 1e-12 * full.cwiseAbs().maxCoeff());
+  }
+}
+
+TEST_CASE("rotary positions: the model sees order; a window bounds what a token reads") {
+  // one block: a rope model's logits at the last position change when two earlier tokens swap
+  // places; without positions they do not (the last row attends to the set of all tokens)
+  const std::vector<std::int32_t> a{1, 2, 3, 4, 5}, swapped{2, 1, 3, 4, 5};
+  Tape<double> tape;
+  GptConfig one = tiny("leapfrog");
+  one.layers = 1;
+  auto rope = make_gpt<double>(with_positions(one, GptPositions::rope), 4);
+  auto none = make_gpt<double>(with_positions(one, GptPositions::none), 4);
+  auto last = [&](AnyGpt<double>& m, const std::vector<std::int32_t>& ids) {
+    return Matrix<double>(m.logits(tape, ids, 1).bottomRows(1));
+  };
+  CHECK((last(*rope, a) - last(*rope, swapped)).cwiseAbs().maxCoeff() > 1e-6);
+  CHECK((last(*none, a) - last(*none, swapped)).cwiseAbs().maxCoeff() <= 1e-12);
+  // two layers with a window of 2: position 4 reads positions 3..4, which read 2..4; tokens 0 and 1
+  // change nothing there, token 2 does
+  auto windowed = make_gpt<double>(with_positions(tiny("leapfrog"), GptPositions::rope, RopeOrder::dynamics_then_rotate, 2), 4);
+  const std::vector<std::int32_t> far{7, 8, 3, 4, 5}, near{1, 2, 9, 4, 5};
+  CHECK((last(*windowed, a) - last(*windowed, far)).cwiseAbs().maxCoeff() == 0.0);
+  CHECK((last(*windowed, a) - last(*windowed, near)).cwiseAbs().maxCoeff() > 1e-6);
+}
+
+TEST_CASE("positions: names and bad settings are refused with the value seen and what is accepted") {
+  CHECK(parse_gpt_positions("rope") == GptPositions::rope);
+  CHECK(parse_gpt_positions("learned") == GptPositions::learned);
+  CHECK(parse_gpt_positions("none") == GptPositions::none);
+  CHECK(std::string(to_string(GptPositions::rope)) == "rope");
+  CHECK_THROWS_WITH_AS(parse_gpt_positions("Rope", "--positions"),
+                       doctest::Contains("--positions is \"Rope\"; expected learned, rope or none"),
+                       coupledqk::invalid_argument);
+  CHECK(parse_rope_order("rotate-then-dynamics") == RopeOrder::rotate_then_dynamics);
+  CHECK_THROWS_WITH_AS(parse_rope_order("rotate"), doctest::Contains("expected dynamics-then-rotate or rotate-then-dynamics"),
+                       coupledqk::invalid_argument);
+  GptConfig c = with_positions(tiny("leapfrog"), GptPositions::rope);
+  c.window = -1;
+  CHECK_THROWS_WITH_AS(make_gpt<double>(c), doctest::Contains("window must be >= 0"), coupledqk::invalid_argument);
+  c.window = 0;
+  c.rope_base = 1.0;
+  CHECK_THROWS_WITH_AS(make_gpt<double>(c), doctest::Contains("rope_base must be finite and > 1; got 1"),
+                       coupledqk::invalid_argument);
+  c.rope_base = 10000;
+  c.dim = 6;  // D/H = 3
+  CHECK_THROWS_WITH_AS(make_gpt<double>(c), doctest::Contains("needs an even head width D/H; got D/H = 3"),
+                       coupledqk::invalid_argument);
+}

@@ -219,6 +219,65 @@ TEST_CASE("stopped, then resumed from the checkpoint == uninterrupted, bit for b
   CHECK(tensors(dir / "part.safetensors", "model.") == tensors(dir / "full.safetensors", "model."));
 }
 
+TEST_CASE("rotary positions and a window: trained, recorded in the checkpoint, resumed bit for bit") {
+  TempDir dir;
+  auto rope_options = [&](const std::string& path) {
+    TrainOptions o = leapfrog_options(path);
+    o.positions = "rope";
+    o.rope_base = 500;
+    o.rope_order = "rotate-then-dynamics";
+    o.window = 8;
+    return o;
+  };
+  const TrainResult full = run(rope_options(dir / "full.safetensors"));
+  CHECK(full.valid_loss < std::log(400.0));
+  TrainOptions part = rope_options(dir / "part.safetensors");
+  part.stop_after_steps = 9;
+  run(part);
+  const Checkpoint c = read_checkpoint(dir / "part.safetensors");
+  const GptConfig& m = c.info.run.model;
+  CHECK(m.positions == GptPositions::rope);
+  CHECK(m.rope_base == 500);
+  CHECK(m.rope_order == RopeOrder::rotate_then_dynamics);
+  CHECK(m.window == 8);
+  const auto meta = nlohmann::json::parse(*io::read(dir / "part.safetensors").find_meta("coupledqk"));
+  CHECK(meta["version"] == 2);  // earlier readers refuse it by version instead of missing wpe
+  CHECK(meta["model"]["positions"] == "rope");
+  CHECK(tensors(dir / "part.safetensors", "model.wpe").empty());
+  CHECK(load_model(c)->config().positions == GptPositions::rope);
+  // the flags must match the checkpoint's positions and window
+  TrainOptions wrong = part;
+  wrong.stop_after_steps = 0;
+  wrong.resume = true;
+  wrong.positions = "learned";
+  wrong.window = 0;
+  const std::string msg = error_of<invalid_argument>([&] { run(wrong); });
+  CHECK(contains(msg, "--positions: learned (flags) vs rope (checkpoint)"));
+  CHECK(contains(msg, "--window: 0 (flags) vs 8 (checkpoint)"));
+  part.stop_after_steps = 0;
+  part.resume = true;
+  const TrainResult resumed = run(part);
+  CHECK(resumed.valid_loss == full.valid_loss);
+  CHECK(tensors(dir / "part.safetensors", "model.") == tensors(dir / "full.safetensors", "model."));
+  // a default model still writes version 1, which earlier builds read
+  TrainOptions plain = leapfrog_options(dir / "plain.safetensors");
+  plain.stop_after_steps = 2;
+  run(plain);
+  const auto plain_meta = nlohmann::json::parse(*io::read(dir / "plain.safetensors").find_meta("coupledqk"));
+  CHECK(plain_meta["version"] == 1);
+  CHECK(plain_meta["model"]["positions"] == "learned");
+  // and a version-1 file without the new fields reads as learned positions, no window
+  nlohmann::json old = plain_meta;
+  for (const char* k : {"positions", "rope_base", "rope_order", "window"}) old["model"].erase(k);
+  const CheckpointInfo info = checkpoint_info_from_json(old.dump(), "old");
+  CHECK(info.run.model.positions == GptPositions::learned);
+  CHECK(info.run.model.window == 0);
+  // a hostile positions name is refused, quoted
+  old["model"]["positions"] = "rope\n; rm -rf";
+  CHECK(contains(error_of<io_error>([&] { checkpoint_info_from_json(old.dump(), "old"); }),
+                 "field 'model.positions' is \"rope\\x0a; rm -rf\"; expected learned, rope or none"));
+}
+
 TEST_CASE("periodic checkpoints are complete checkpoints") {
   TempDir dir;
   TrainOptions o = leapfrog_options(dir / "c.safetensors");
@@ -277,6 +336,15 @@ TEST_CASE("bad options: unknown variant, impossible sizes, budgets, flag combina
   CHECK(contains(msg, "invalid options"));  // several problems: all listed
   CHECK(contains(msg, "--batch (B) must be positive"));
   CHECK(contains(msg, "divisible"));
+  CHECK(contains(bad([](TrainOptions& o) { o.positions = "rotary"; }), "--positions 'rotary' is not one of: learned, rope, none"));
+  CHECK(contains(bad([](TrainOptions& o) { o.rope_order = "after"; }),
+                 "--rope-order 'after' is not one of: dynamics-then-rotate, rotate-then-dynamics"));
+  CHECK(contains(bad([](TrainOptions& o) { o.rope_base = 0.5; }), "--rope-base must be finite and > 1; got 0.5"));
+  CHECK(contains(bad([](TrainOptions& o) { o.window = -2; }), "--window must be >= 0 (0: no window); got -2"));
+  CHECK(contains(bad([](TrainOptions& o) { o.positions = "rope"; o.dim = 36; o.heads = 12; }),
+                 "--positions rope needs an even head width --dim / --heads; got 36 / 12 = 3"));
+  CHECK(contains(bad([](TrainOptions& o) { o.positions = "rope"; o.device = "cuda"; }),
+                 "--device cuda trains learned positions without a window only"));
   // the vocabulary must match the prepared data
   CHECK(contains(bad([](TrainOptions& o) { o.vocab = 512; }), "the tokenizer has 400 pieces but --vocab is 512"));
 }

@@ -5,7 +5,7 @@
 // so far, so the dynamics run once per token), everything else (embeddings, LayerNorm, MLP, ln_f,
 // tied logits) with the plain kernels of autodiff/kernels.hpp:
 //
-//     x  = wte[id] + wpe[pos]                                                        [1, D]
+//     x  = wte[id] (+ wpe[pos] with learned positions; rope: the layers rotate at pos)  [1, D]
 //     x += attn_l.decode(ln1_l(x), cache_l);  x += proj_l(gelu(fc_l(ln2_l(x))))     per block
 //     logits = ln_f(x) wte^T                                                         [1, V]
 //
@@ -59,7 +59,8 @@ class GptDecoder final : public Decoder<typename G::scalar> {
     require(pos_ < c.context, "decoder: the context of ", c.context, " tokens is full; reset() or start again");
     require(id >= 0 && id < c.vocab, "decoder: token id ", id, " is outside the vocabulary [0, ", c.vocab, ")");
     const GptTensors<S>& p = model_.tensors();
-    x_ = p.wte.row(id) + p.wpe.row(pos_);
+    x_ = p.wte.row(id);
+    if (c.positions == GptPositions::learned) x_ += p.wpe.row(pos_);
     for (Index l = 0; l < c.layers; ++l) {
       const GptBlock<S>& b = p.h[static_cast<std::size_t>(l)];
       kernels::layer_norm_forward<S>(x_, row_of(b.ln1_g), row_of(b.ln1_b), a_, nullptr);

@@ -1,6 +1,6 @@
 // A GPT-2 style decoder built on coupled query-key attention layers (method spec section 6).
 //
-//     x      = wte[tokens] + wpe[positions]                      [B*T, D], rows ordered (b, t)
+//     x      = wte[tokens] (+ wpe[positions] with learned positions)  [B*T, D], rows ordered (b, t)
 //     block l (pre-LayerNorm), l = 0..L-1:
 //       x   += attn_l(ln1_l(x))                                  Attention<S, Integrator, Scoring>
 //       x   += proj_l(gelu_tanh(fc_l(ln2_l(x))))                 fc: [D, 4D] + b, proj: [4D, D] + b
@@ -13,8 +13,13 @@
 // coupledqk::with_variant. Every op is one tape node (autodiff/ops.hpp); an attention layer is one
 // node whose backward is the layer's own analytic backward.
 //
+// Positions (GptConfig::positions): learned absolute embeddings wpe added to x (GPT-2, the
+// default), rotary embeddings of every layer's q and k (rope: no wpe; AttentionConfig::positions,
+// with rope_base and rope_order), or none (no wpe, no rotation). GptConfig::window gives every layer
+// a causal sliding window (0: none). A GPT is always causal.
+//
 // Parameter names (visit order; checkpoints and the optimiser rely on it):
-//   wte [V, D], wpe [T, D],
+//   wte [V, D], wpe [T, D] (learned positions only),
 //   h.<l>.ln1.g [D], h.<l>.ln1.b [D], h.<l>.attn.<layer tensor> (wq, wk, wv, wo [D, D], dyn.* and
 //   dyn.rho [H] for coupled/uncoupled layers, lq1 lk1 lq2 lk2 [d] and subln [2d] for Differential),
 //   h.<l>.ln2.g, h.<l>.ln2.b, h.<l>.mlp.fc.w [D, 4D], h.<l>.mlp.fc.b [4D], h.<l>.mlp.proj.w [4D, D],
@@ -38,9 +43,27 @@
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
 #include "../core/types.hpp"
+#include "../io/quote.hpp"
 #include "../registry.hpp"
 
 namespace coupledqk {
+
+/// Where a GPT's positions come from: a learned table wpe added to the embeddings (GPT-2), rotary
+/// embeddings in every attention layer, or nowhere.
+enum class GptPositions { learned, rope, none };
+
+inline const char* to_string(GptPositions p) {
+  return p == GptPositions::rope ? "rope" : p == GptPositions::none ? "none" : "learned";
+}
+
+/// "learned", "rope" or "none"; anything else throws invalid_argument naming `what` and the value.
+inline GptPositions parse_gpt_positions(const std::string& name, const char* what = "positions") {
+  if (name == "learned") return GptPositions::learned;
+  if (name == "rope") return GptPositions::rope;
+  if (name == "none") return GptPositions::none;
+  throw invalid_argument(std::string(what) + " is \"" + io::detail::quote(name) +
+                         "\"; expected learned, rope or none");
+}
 
 /// Sizes and initialisation of a GPT. Defaults follow GPT-2 and the method spec.
 struct GptConfig {
@@ -59,6 +82,10 @@ struct GptConfig {
   double init_time = 1.0;              ///< AttentionConfig::init_time (tau at init)
   DynamicsMemory memory = DynamicsMemory::store;  ///< AttentionConfig::memory
   bool reference_kernels = false;                 ///< AttentionConfig::reference_kernels
+  GptPositions positions = GptPositions::learned;  ///< learned wpe (default), rope or none
+  double rope_base = default_rope_base;            ///< AttentionConfig::rope_base (positions = rope)
+  RopeOrder rope_order = RopeOrder::dynamics_then_rotate;  ///< AttentionConfig::rope_order
+  Index window = 0;  ///< every layer's causal sliding window (AttentionConfig::window; 0: none)
 
   Index mlp_dim() const { return 4 * dim; }
 
@@ -74,6 +101,12 @@ struct GptConfig {
     c.init_time = init_time;
     c.memory = memory;
     c.reference_kernels = reference_kernels;
+    c.window = window;
+    if (positions == GptPositions::rope) {
+      c.positions = Positions::rope;
+      c.rope_base = rope_base;
+      c.rope_order = rope_order;
+    }
     return c;
   }
 };
@@ -94,6 +127,13 @@ inline void validate(const GptConfig& c) {
   require(c.steps >= 1, "gpt: steps must be >= 1; got ", c.steps);
   require(std::isfinite(c.init_std) && c.init_std >= 0, "gpt: init_std must be finite and >= 0; got ",
           c.init_std);
+  require(c.window >= 0, "gpt: window must be >= 0 (0 means no window); got ", c.window);
+  if (c.positions == GptPositions::rope) {
+    require((c.dim / c.heads) % 2 == 0, "gpt: positions = rope needs an even head width D/H; got D/H = ",
+            c.dim / c.heads, " (D = ", c.dim, ", H = ", c.heads, ")");
+    require(std::isfinite(c.rope_base) && c.rope_base > 1, "gpt: rope_base must be finite and > 1; got ",
+            c.rope_base);
+  }
 }
 
 /// Parameter counts: all, and the dynamics alone (dyn.* and dyn.rho of every layer).
@@ -144,7 +184,7 @@ struct GptBlock {
 template <class S>
 struct GptTensors {
   Matrix<S> wte;  // [V, D], also the output projection (tied)
-  Matrix<S> wpe;  // [context, D]
+  Matrix<S> wpe;  // [context, D]; empty unless positions = learned
   std::vector<GptBlock<S>> h;
   Vector<S> lnf_g, lnf_b;  // [D]
 };
@@ -179,7 +219,8 @@ void visit_gpt_tensors(const GptConfig& c, Tensors* t, F&& f, A&& attention) {
   const Index V = c.vocab, D = c.dim, C = c.context, M = c.mlp_dim();
   const GptShape vec_d{1, D, 1}, mat_dd_m{2, D, M}, mat_m_d{2, M, D}, vec_m{1, M, 1};
   f(Index(-1), GptTensor::wte, "wte", GptShape{2, V, D}, GptInit::normal, t ? &t->wte : nullptr);
-  f(Index(-1), GptTensor::wpe, "wpe", GptShape{2, C, D}, GptInit::normal, t ? &t->wpe : nullptr);
+  if (c.positions == GptPositions::learned)
+    f(Index(-1), GptTensor::wpe, "wpe", GptShape{2, C, D}, GptInit::normal, t ? &t->wpe : nullptr);
   for (Index l = 0; l < c.layers; ++l) {
     auto* b = t ? &t->h[static_cast<std::size_t>(l)] : nullptr;
     f(l, GptTensor::ln1_g, "ln1.g", vec_d, GptInit::ones, b ? &b->ln1_g : nullptr);
@@ -281,11 +322,11 @@ class AnyGpt {
     const Index N = tokens.size;
     auto bind = [&](const auto& value, auto& grad) { return t.parameter(value, with_gradients ? &grad : nullptr); };
 
-    // x = wte[tokens] + wpe[t]: [B*T, D]
+    // x = wte[tokens] (+ wpe[t], row (b, t) -> position t, with learned positions): [B*T, D]
     const Var wte = bind(params_.wte, grads_.wte);
-    const Var wpe = bind(params_.wpe, grads_.wpe);
-    // row (b, t) -> position t
-    Var x = ops::add(t, ops::embedding(t, wte, tokens.data, N), ops::position_embedding(t, wpe, N, T));
+    Var x = ops::embedding(t, wte, tokens.data, N);
+    if (config_.positions == GptPositions::learned)
+      x = ops::add(t, x, ops::position_embedding(t, bind(params_.wpe, grads_.wpe), N, T));
 
     for (Index l = 0; l < config_.layers; ++l) {
       const GptBlock<S>& p = params_.h[static_cast<std::size_t>(l)];
@@ -361,7 +402,7 @@ class AnyGpt {
 
  protected:
   /// GPT-2 initialisation from one seed (coupledqk::Rng, the same on every platform), drawn in this
-  /// order: wte, wpe ~ N(0, init_std^2); then per block: the attention layer's seed
+  /// order: wte, wpe (learned positions only) ~ N(0, init_std^2); then per block: the attention layer's seed
   /// (layer_seeds()[l]), mlp.fc.w ~ N(0, init_std^2), mlp.proj.w ~ N(0, (init_std / sqrt(2L))^2).
   /// Biases 0, LayerNorm gains 1. The derived class builds the layers from layer_seeds() and
   /// scales their wo by 1 / sqrt(2L) (the other residual projection).

@@ -557,6 +557,9 @@ class Gpt final : public detail::GptCore<T> {
 
   static GptConfig named(GptConfig c, const std::string& name) {
     ::coupledqk::validate(c);
+    require(c.positions == GptPositions::learned && c.window == 0, "cuda gpt: positions '", to_string(c.positions),
+            "' with window ", c.window, " is not available on CUDA yet; the CUDA model takes learned positions "
+            "and no window (train this model on the CPU)");
     c.attention = variant_name<Integrator, Scoring>(name);
     if constexpr (Integrator::has_dynamics) c.steps = Integrator::steps;
     return c;
