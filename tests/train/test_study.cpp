@@ -838,3 +838,21 @@ TEST_CASE("coupledqk-compare: integer flags refuse negative and overlong values 
     CHECK(fs::is_empty(world));
   }
 }
+
+TEST_CASE("study run ids: positions and window enter a run's identity only away from their defaults") {
+  TinyData& d = tiny_data();
+  const Plan p = parse_plan(R"({"plan": "t", "defaults": {"corpus": ")" + d.corpus + R"(", "vocab": 400, "dim": 32,
+    "heads": 4, "seq": 32}, "groups": [{"name": "g", "variants": ["standard"], "seeds": [1]},
+    {"name": "r", "set": {"positions": "rope", "rope-base": 500, "window": 8}, "variants": ["standard"], "seeds": [1]}]})",
+                            "plan.json");
+  REQUIRE(p.runs.size() == 2);
+  const std::string& plain = p.runs[0].identity;
+  const std::string& rope = p.runs[1].identity;
+  // the runs stored before these flags existed keep their ids
+  for (const char* flag : {"positions=", "rope-base=", "rope-order=", "window="}) CHECK(!contains(plain, flag));
+  CHECK(contains(rope, "positions=rope\n"));
+  CHECK(contains(rope, "rope-base=500\n"));
+  CHECK(contains(rope, "window=8\n"));
+  CHECK(!contains(rope, "rope-order="));  // at its default
+  CHECK(p.runs[0].id != p.runs[1].id);
+}
