@@ -841,7 +841,7 @@ TEST_CASE("coupledqk-compare: integer flags refuse negative and overlong values 
 
 TEST_CASE("study run ids: positions and window enter a run's identity only away from their defaults") {
   TinyData& d = tiny_data();
-  const Plan p = parse_plan(R"({"plan": "t", "defaults": {"corpus": ")" + d.corpus + R"(", "vocab": 400, "dim": 32,
+  const cs::Plan p = cs::parse_plan(R"({"plan": "t", "defaults": {"corpus": ")" + d.corpus + R"(", "vocab": 400, "dim": 32,
     "heads": 4, "seq": 32}, "groups": [{"name": "g", "variants": ["standard"], "seeds": [1]},
     {"name": "r", "set": {"positions": "rope", "rope-base": 500, "window": 8}, "variants": ["standard"], "seeds": [1]}]})",
                             "plan.json");
