@@ -6,12 +6,7 @@
 // failure (a corpus that cannot be read, a file that cannot be written).
 #pragma once
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include <cerrno>
-#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +19,7 @@
 #include "encoder.hpp"
 #include "gnuplot.hpp"
 #include "progress.hpp"  // cpu_model
+#include "trainer.hpp"   // set_threads
 
 namespace coupledqk::encoder {
 
@@ -77,7 +73,7 @@ attention variant, trained on the same data with the same seeds, evaluated on he
   --dynamics-init-scale X  the coupled layers' AttentionConfig::dynamics_init_scale (default 0:
                          every variant starts as exactly standard attention)
   --seed N               initialisation and batch order (default 1)
-  --threads N            threads (default 1; 0: every core)
+  --threads N            threads (default 1; 0: the idle cores)
   --no-plot              write the .dat files but do not run gnuplot
   --quiet                no progress lines
   --help                 this text
@@ -352,22 +348,9 @@ inline bool write_loss_plot(const std::filesystem::path& dir, const std::vector<
 
 // ---- the run ------------------------------------------------------------------------------------
 
-/// Sets OpenMP's and Eigen's thread counts (0: every core) and returns the count (1 without OpenMP).
-inline int set_threads(int threads) {
-#ifdef _OPENMP
-  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  omp_set_num_threads(threads);
-  Eigen::setNbThreads(threads);
-  return threads;
-#else
-  (void)threads;
-  return 1;
-#endif
-}
-
 inline int run(const Options& o, const std::string& command_line) {
   const auto wall0 = std::chrono::steady_clock::now();
-  const int threads = set_threads(o.threads);
+  const int threads = train::set_threads(o.threads);  // 0: the idle cores, as coupledqk-train
   const std::string cache = o.cache.empty() ? train::default_cache_dir() : o.cache;
   auto say = [&](const std::string& s) {
     if (!o.quiet) std::cout << s << std::endl;
