@@ -73,11 +73,15 @@ struct Reference {
   std::vector<std::vector<float>> dparams;  // their gradients
 };
 
+/// The CPU scoring on its reference path in double; mask and seqs as the shape's (seqs null: B
+/// equal sequences of s.seq rows).
 template <class Scoring>
 Reference reference(const Shape& s, int layer_index, const std::vector<float>& params, const std::vector<float>& q,
-                    const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& d_o) {
+                    const std::vector<float>& k, const std::vector<float>& v, const std::vector<float>& d_o,
+                    const coupledqk::Mask& mask = {}, const coupledqk::Sequences* seqs = nullptr) {
   using Params = typename Scoring::template parameters<double>;
-  const coupledqk::ScoringShape sh{s.batch, s.seq, s.heads, s.head_dim, layer_index, /*reference=*/true};
+  coupledqk::ScoringShape sh{s.batch, s.seq, s.heads, s.head_dim, layer_index, /*reference=*/true, mask};
+  if (seqs && seqs->layout() != coupledqk::SequenceLayout::equal) sh.sequences = seqs;
   coupledqk::Rng rng(7);
   Params p = Scoring::template make_parameters<double>(sh, rng);  // the shapes; values replaced below
   std::size_t off = 0;
@@ -86,7 +90,7 @@ Reference reference(const Shape& s, int layer_index, const std::vector<float>& p
   });
   REQUIRE(off == params.size());
 
-  const Index R = s.batch * s.seq, D = s.heads * s.head_dim;
+  const Index R = seqs ? seqs->rows() : s.batch * s.seq, D = s.heads * s.head_dim;
   const Matrix<double> Q = to_matrix(q, R, D), K = to_matrix(k, R, D), V = to_matrix(v, R, D);
   const Matrix<double> dO = to_matrix(d_o, R, D);
   Matrix<double> O, dQ, dK, dV;
@@ -275,6 +279,148 @@ TEST_CASE("device scoring is causal: rows <= t do not change when later tokens d
   check_causality<coupledqk::Softmax, bf16>();
   check_causality<coupledqk::Differential, float>();
   check_causality<coupledqk::Differential, bf16>();
+}
+
+// ---- masks and sequences ------------------------------------------------------------------------------
+
+using coupledqk::SequenceLayout;
+
+/// A mask and a layout of the rows (include/coupledqk/scoring/mask.hpp); the windows cut and skip
+/// 64-row tiles at T = 150, the sequences start off the tiles when packed.
+struct MaskCase {
+  const char* name;
+  coupledqk::Mask mask;
+  SequenceLayout layout;
+};
+const MaskCase kMaskCases[] = {
+    {"causal", {true, 0}, SequenceLayout::equal},
+    {"bidirectional", {false, 0}, SequenceLayout::equal},
+    {"causal, window 40", {true, 40}, SequenceLayout::equal},
+    {"bidirectional, window 40", {false, 40}, SequenceLayout::equal},
+    {"causal, padded", {true, 0}, SequenceLayout::padded},
+    {"bidirectional, window 20, padded", {false, 20}, SequenceLayout::padded},
+    {"bidirectional, packed", {false, 0}, SequenceLayout::packed},
+    {"causal, window 30, packed", {true, 30}, SequenceLayout::packed},
+};
+
+/// B sequences of lengths T, 37, 1, 90, ... (at most T): padded to T, packed (the longest one
+/// second, so that the others start off the tiles) or, equal, all T long.
+coupledqk::Sequences sequences_of(const Shape& s, SequenceLayout layout) {
+  const Index some[] = {s.seq, 37, 1, 90};
+  std::vector<Index> lengths;
+  for (Index b = 0; b < s.batch; ++b) lengths.push_back(std::min(s.seq, some[b % 4]));
+  if (layout == SequenceLayout::padded) return coupledqk::Sequences::padded(s.seq, lengths);
+  if (layout == SequenceLayout::packed) {
+    if (lengths.size() > 1) std::swap(lengths[0], lengths[1]);
+    std::vector<Index> offsets{0};
+    for (Index n : lengths) offsets.push_back(offsets.back() + n);
+    return coupledqk::Sequences::packed(offsets);
+  }
+  return coupledqk::Sequences::equal(s.batch, s.seq);
+}
+
+/// Whether row r of a layout is padding.
+bool is_padding(const coupledqk::Sequences& seqs, Index r) {
+  if (seqs.layout() != SequenceLayout::padded) return false;
+  return r % seqs.seq() >= seqs.length(r / seqs.seq());
+}
+
+template <class Scoring, class T>
+void check_masked(const Shape& s, const MaskCase& mc, std::uint64_t seed) {
+  using DS = cq::DeviceScoring<Scoring>;
+  const coupledqk::Sequences seqs = sequences_of(s, mc.layout);
+  INFO(std::string(Scoring::name), " ", std::string(type_name<T>()), ", ", std::string(mc.name), ": B = ", s.batch, ", T = ", s.seq, ", H = ", s.heads,
+       ", d = ", s.head_dim);
+  const Index R = seqs.rows(), D = s.heads * s.head_dim;
+  const std::size_t un = static_cast<std::size_t>(R * D);
+  const double tol = tolerance<T>();
+  const int layer_index = 1;
+
+  const std::vector<float> params = random_parameters<Scoring>(s.head_dim, seed + 10);
+  DeviceBuffer<float> p_dev = ct::to_device<float>(params.empty() ? std::vector<float>{0.0f} : params);
+  const std::vector<float> q0 = ct::random_vector(un, seed + 1), k0 = ct::random_vector(un, seed + 2),
+                           v0 = ct::random_vector(un, seed + 3), d_o0 = ct::random_vector(un, seed + 4);
+
+  cq::DeviceSequences device_seqs;
+  device_seqs.set(seqs, nullptr);
+  cq::ScoringDims dims{seqs.batch(), seqs.seq(), s.heads, s.head_dim, layer_index};
+  dims.mask = device_seqs.mask(mc.mask);
+  struct Run {
+    std::vector<float> o, dq, dk, dv, dparams;
+  };
+  auto run = [&](const std::vector<float>& qh, const std::vector<float>& kh, const std::vector<float>& vh,
+                 const std::vector<float>& d_oh) {
+    DeviceBuffer<T> q = ct::to_device<T>(qh), k = ct::to_device<T>(kh), v = ct::to_device<T>(vh);
+    DeviceBuffer<float> d_o = ct::to_device<float>(d_oh);
+    typename DS::template Saved<T> saved;
+    DeviceBuffer<T> o = ct::poisoned<T>(un);
+    DS::template forward<T>(dims, p_dev.data(), q.data(), k.data(), v.data(), o.data(), &saved, nullptr);
+    DeviceBuffer<float> dq = ct::poisoned<float>(un), dk = ct::poisoned<float>(un), dv = ct::poisoned<float>(un);
+    DeviceBuffer<float> dparams(p_dev.size());
+    dparams.zero();
+    DS::template backward<T>(dims, p_dev.data(), q.data(), k.data(), v.data(), o.data(), saved, d_o.data(),
+                             dq.data(), dk.data(), dv.data(), dparams.data(), nullptr);
+    COUPLEDQK_CUDA_CHECK(cudaDeviceSynchronize());
+    return Run{ct::to_host(o), ct::to_host(dq), ct::to_host(dk), ct::to_host(dv), ct::to_host(dparams)};
+  };
+  const Run got = run(q0, k0, v0, d_o0);
+  const Reference ref = reference<Scoring>(s, layer_index, params, stored<T>(q0), stored<T>(k0), stored<T>(v0),
+                                           d_o0, mc.mask, &seqs);
+  CHECK(ct::relative_error(got.o, ref.o) <= tol);
+  double dv_scale = 0;
+  for (float x : ref.dv) dv_scale = std::max(dv_scale, std::abs(double(x)));
+  CHECK(ct::relative_error(got.dq, ref.dq, 1e-1 * dv_scale) <= tol);
+  CHECK(ct::relative_error(got.dk, ref.dk, 1e-1 * dv_scale) <= tol);
+  CHECK(ct::relative_error(got.dv, ref.dv) <= tol);
+  std::vector<float> dp_ref;
+  for (const auto& t : ref.dparams) dp_ref.insert(dp_ref.end(), t.begin(), t.end());
+  if (!dp_ref.empty()) CHECK(ct::relative_error(got.dparams, dp_ref) <= tol);
+
+  if (seqs.layout() != SequenceLayout::padded) return;
+  // Padding rows: output exactly 0, gradients exactly 0, and nothing depends on what they hold.
+  bool zero = true;
+  for (Index r = 0; r < R; ++r)
+    for (Index c = 0; c < D; ++c) {
+      const std::size_t i = static_cast<std::size_t>(r * D + c);
+      if (is_padding(seqs, r) && (got.o[i] != 0.0f || got.dq[i] != 0.0f || got.dk[i] != 0.0f || got.dv[i] != 0.0f))
+        zero = false;
+    }
+  CHECK(zero);
+  std::vector<float> q1 = q0, k1 = k0, v1 = v0, d_o1 = d_o0;
+  const std::vector<float> noise = ct::random_vector(un, seed + 5, 3.0);
+  for (Index r = 0; r < R; ++r)
+    if (is_padding(seqs, r))
+      for (Index c = 0; c < D; ++c) {
+        const std::size_t i = static_cast<std::size_t>(r * D + c);
+        q1[i] += noise[i];
+        k1[i] -= noise[i];
+        v1[i] *= 2.0f;
+        d_o1[i] += noise[i];
+      }
+  const Run other = run(q1, k1, v1, d_o1);
+  CHECK(other.o == got.o);
+  CHECK(other.dq == got.dq);
+  CHECK(other.dk == got.dk);
+  CHECK(other.dv == got.dv);
+  CHECK(other.dparams == got.dparams);
+}
+
+// d = 32: bf16 on the tensor-core kernels for both scorings; d = 128: Differential's values are
+// 256 wide, so bf16 takes the FMA kernels with 32-row key tiles.
+template <class Scoring, class T>
+void check_masked_all() {
+  std::uint64_t seed = 5000;
+  for (const Shape& s : {Shape{3, 150, 4, 32}, Shape{2, 100, 2, 128}})
+    for (const MaskCase& mc : kMaskCases) check_masked<Scoring, T>(s, mc, seed += 100);
+}
+
+TEST_CASE("masks and sequences: DeviceScoring<Softmax> matches the CPU reference, float and bf16 storage") {
+  check_masked_all<coupledqk::Softmax, float>();
+  check_masked_all<coupledqk::Softmax, bf16>();
+}
+TEST_CASE("masks and sequences: DeviceScoring<Differential> matches the CPU reference, float and bf16 storage") {
+  check_masked_all<coupledqk::Differential, float>();
+  check_masked_all<coupledqk::Differential, bf16>();
 }
 
 // ---- the flash kernels on their own: uneven widths, padded strides, lse -----------------------------------

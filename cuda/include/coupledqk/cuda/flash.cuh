@@ -1,23 +1,34 @@
-// Causal softmax attention on the device in the FlashAttention manner: the T x T matrix is never
+// Masked softmax attention on the device in the FlashAttention manner: the T x T matrix is never
 // formed in global memory. The CPU counterpart is include/coupledqk/scoring/flash_softmax.hpp.
 //
 // Layout. Element (b, t, h, i) of a tensor is at base[(b*T + t)*row_stride + h*head_stride + i],
 // so the Softmax scoring ([B*T, H*d], head stride d) and the Differential one (sub-heads with head
 // stride 2d, values of width 2d) use the same kernels. Q and K have width dqk, V and O width dv.
 //
-//     O   = softmax(Q K^T * scale + causal mask) V           per (b, h)
-//     lse = log sum_j exp(scale * q_t . k_j), j <= t          float [B, H, T]
+//     O   = softmax(Q K^T * scale + mask) V                  per (b, h)
+//     lse = log sum_j exp(scale * q_t . k_j), j in t's range  float [B, H, T]
 //
-// Forward: one block per (query tile of 64 rows, b*h); the key tiles up to the
-// diagonal are visited in order (tiles above it are skipped) with an online softmax in float:
-// running row maximum m and sum l rescale the output accumulator held in registers.
+// The mask (FlashMask, the device form of coupledqk::Mask and coupledqk::Sequences of
+// include/coupledqk/scoring/mask.hpp) is a run-time argument: causal (the default) or
+// bidirectional, an optional window w, and B sequences of T rows (equal, the default), right-padded
+// to T (device lengths [B]) or packed end to end (device offsets [B+1], flash-attention's
+// cu_seqlens; T is then the longest). Query t of a sequence of L tokens reads the keys
+// [begin(t), end(t, L)), one contiguous range; padding rows get o = 0, lse = 0 and zero dq, dk, dv.
+// Tiles start at multiples of the tile size from each sequence's first row whatever the mask, so
+// the default runs the operations (and gives the bits) of the causal kernels before masks.
+//
+// Forward: one block per (query tile of 64 rows, b*h); only the key tiles the tile's rows reach
+// are visited, in order (causal: up to the diagonal; a window: from the tile holding key
+// begin(first row)), with an online softmax in float: running row maximum m and sum l rescale the
+// output accumulator held in registers; a row with nothing to read in a visited tile keeps its
+// state.
 //
 // Backward (the usual recomputation from lse): D_t = dO_t . O_t (a small kernel), then
-//   * dK, dV: one block per (key tile of 64, b*h), looping over the query tiles at or below the
-//     diagonal: P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T * (dP^T - D),
+//   * dK, dV: one block per (key tile of 64, b*h), looping over the query tiles that read it
+//     (causal: at or below the diagonal): P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T * (dP^T - D),
 //     dV += P^T dO, dK += scale dS^T Q, all in registers, written once at the end;
-//   * dQ: a separate pass, one block per (query tile, b*h), looping over the key tiles up to the
-//     diagonal: dQ += scale dS K.
+//   * dQ: a separate pass, one block per (query tile, b*h), looping over the key tiles it reads
+//     (the forward's): dQ += scale dS K.
 // No atomics anywhere: every output element is written by exactly one thread, in a fixed order of
 // summation, so the results are bitwise reproducible from run to run. (The price of the separate
 // dQ pass is recomputing P and dP once more.)
@@ -48,8 +59,11 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <mma.h>
+
+#include <coupledqk/scoring/mask.hpp>
 
 #include "runtime.cuh"
 
@@ -60,11 +74,76 @@
 
 namespace coupledqk::cuda {
 
-/// Shape, strides (in elements) and score scale of one causal attention over B x H heads.
+/// Which keys each query reads and how the rows are cut into sequences: the device form of
+/// coupledqk::Mask and coupledqk::Sequences (include/coupledqk/scoring/mask.hpp). The default is
+/// causal over B sequences of `seq` rows each.
+///
+///     causal, window w         t - w < t' <= t              (window 0: none)
+///     bidirectional, window w  |t - t'| < w, 0 <= t' < L
+///     lengths (device, [B])    right-padded: sequence b holds lengths[b] (1..seq) tokens at rows
+///                              b*seq ..; its other rows are padding (o = 0, zero gradients)
+///     offsets (device, [B+1])  packed: sequence b is rows offsets[b] .. offsets[b+1]-1, offsets[0] = 0;
+///                              FlashLayout::seq is then the longest length
+///
+/// The kernels read lengths and offsets on the device; the host checks only that at most one of
+/// them is given (DeviceSequences below uploads them from a checked coupledqk::Sequences).
+struct FlashMask {
+  bool causal = true;
+  Index window = 0;
+  const Index* lengths = nullptr;
+  const Index* offsets = nullptr;
+  Index rows = 0;  ///< packed: the number of rows, offsets[B] (read on the host); else 0
+
+  bool is_default() const { return causal && window == 0 && !lengths && !offsets; }
+};
+
+/// Shape, strides (in elements), score scale and mask of one attention over B x H heads.
 struct FlashLayout {
   Index batch = 0, seq = 0, heads = 0, dqk = 0, dv = 0;
   Index q_row = 0, q_head = 0, k_row = 0, k_head = 0, v_row = 0, v_head = 0, o_row = 0, o_head = 0;
   float scale = 1.0f;
+  FlashMask mask{};
+};
+
+/// A coupledqk::Sequences on the device: its padded lengths or packed offsets in device memory,
+/// uploaded (asynchronously, from a host copy kept here) only when they change from one call to the
+/// next. mask() gives the FlashMask of `m` over them, valid while this object lives and is not
+/// given other sequences.
+class DeviceSequences {
+ public:
+  void set(const Sequences& seqs, cudaStream_t stream) {
+    if (uploaded_ && seqs == seqs_) return;
+    seqs_ = seqs;
+    host_.clear();
+    if (seqs.layout() == SequenceLayout::padded) host_ = seqs.lengths();
+    if (seqs.layout() == SequenceLayout::packed) host_ = seqs.offsets();
+    if (!host_.empty()) {
+      // stream-ordered after the kernels that read the previous values; from pageable memory the
+      // call returns once host_ is staged, so host_ may change afterwards
+      meta_.reserve(host_.size());
+      COUPLEDQK_CUDA_CHECK(cudaMemcpyAsync(meta_.data(), host_.data(), sizeof(Index) * host_.size(),
+                                           cudaMemcpyHostToDevice, stream));
+    }
+    uploaded_ = true;
+  }
+  const Sequences& sequences() const { return seqs_; }
+  FlashMask mask(const Mask& m) const {
+    FlashMask f;
+    f.causal = m.causal;
+    f.window = m.window;
+    if (seqs_.layout() == SequenceLayout::padded) f.lengths = meta_.data();
+    if (seqs_.layout() == SequenceLayout::packed) {
+      f.offsets = meta_.data();
+      f.rows = seqs_.rows();
+    }
+    return f;
+  }
+
+ private:
+  Sequences seqs_;
+  std::vector<Index> host_;  // what meta_ holds
+  DeviceBuffer<Index> meta_;
+  bool uploaded_ = false;
 };
 
 inline constexpr Index flash_max_dqk = 128;
@@ -139,6 +218,44 @@ __device__ __forceinline__ void load_tile(float* __restrict__ dst, const E* __re
   }
 }
 
+// ---- the mask as the kernels read it ----------------------------------------------------------------
+
+// FlashMask with the sequences' row stride: where sequence b's rows are, and which keys query t of
+// a sequence of len tokens reads, [begin(t), end(t, len)) (coupledqk::Mask::begin / end), or, per
+// key j, which queries read it, [first_query(j), query_end(j, len)).
+struct MaskArgs {
+  Index seq = 0;  // T: rows per sequence (equal, padded), the longest one (packed); lse's stride
+  Index window = 0;
+  const Index* lengths = nullptr;
+  const Index* offsets = nullptr;
+  bool causal = true;
+
+  __device__ __forceinline__ Index start(Index b) const { return offsets ? offsets[b] : b * seq; }
+  // rows of sequence b: its tokens and, when padded, its padding
+  __device__ __forceinline__ Index span(Index b) const { return offsets ? offsets[b + 1] - offsets[b] : seq; }
+  // tokens of sequence b
+  __device__ __forceinline__ Index length(Index b) const {
+    return offsets ? offsets[b + 1] - offsets[b] : lengths ? lengths[b] : seq;
+  }
+  __device__ __forceinline__ Index begin(Index t) const { return window > 0 && t >= window ? t - window + 1 : 0; }
+  __device__ __forceinline__ Index end(Index t, Index len) const {
+    if (causal) return t + 1;
+    return window > 0 && t + window < len ? t + window : len;
+  }
+  __device__ __forceinline__ Index first_query(Index j) const { return causal ? j : begin(j); }
+  __device__ __forceinline__ Index query_end(Index j, Index len) const {
+    return window > 0 && j + window < len ? j + window : len;
+  }
+  __device__ __forceinline__ bool visible(Index t, Index j, Index len) const {
+    return t < len && j < len && j >= begin(t) && j < end(t, len);
+  }
+};
+
+// The rows of a tile of `tile` rows from `first` on that are tokens of a sequence of len tokens.
+__device__ __forceinline__ int valid_rows(int tile, Index first, Index len) {
+  return first < len ? tile_rows(tile, len - first) : 0;
+}
+
 // ---- kernel arguments -----------------------------------------------------------------------------
 
 template <class E>
@@ -148,7 +265,8 @@ struct FwdArgs {
   const E* v;
   E* o;
   float* lse;  // may be null
-  Index seq, heads;
+  MaskArgs m;
+  Index heads;
   Index q_row, q_head, k_row, k_head, v_row, v_head, o_row, o_head;
   int dqk, dv;
   float scale;
@@ -165,7 +283,8 @@ struct BwdArgs {
   float* dq;         // q's strides
   float* dk;         // k's strides
   float* dv;         // v's strides
-  Index seq, heads;
+  MaskArgs m;
+  Index heads;
   Index q_row, q_head, k_row, k_head, v_row, v_head, o_row, o_head;
   int dqk, dv_width;
   float scale;
@@ -221,16 +340,17 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs<E> a
   float* const Ps = Vs + BK * LDV;
 
   const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
-  const Index L = a.seq;
   const Index bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const Index first = a.m.start(b), span = a.m.span(b), L = a.m.length(b);
   // the last query tiles have the most key tiles: they are launched first
   const Index i0 = Index(gridDim.y - 1 - blockIdx.y) * BQ;
-  const int nq = tile_rows(BQ, L - i0);
-  const E* const q = a.q + (b * L + i0) * a.q_row + h * a.q_head;
-  const E* const k = a.k + b * L * a.k_row + h * a.k_head;
-  const E* const v = a.v + b * L * a.v_row + h * a.v_head;
+  if (i0 >= span) return;  // past a packed sequence shorter than the longest
+  const int nq = tile_rows(BQ, span - i0), nv = valid_rows(BQ, i0, L);  // rows; tokens among them
+  const E* const q = a.q + (first + i0) * a.q_row + h * a.q_head;
+  const E* const k = a.k + first * a.k_row + h * a.k_head;
+  const E* const v = a.v + first * a.v_row + h * a.v_head;
 
-  load_tile<BQ, DQK, LDQ>(Qs, q, a.q_row, nq, a.dqk);
+  load_tile<BQ, DQK, LDQ>(Qs, q, a.q_row, nv, a.dqk);
 
   float m[MI], l[MI], acc[MI][NC];
 #pragma unroll
@@ -241,8 +361,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs<E> a
     for (int c = 0; c < NC; ++c) acc[i][c] = 0.0f;
   }
 
-  const Index kend = i0 + nq;  // keys [0, kend) are visible to some row of this tile
-  for (Index j0 = 0; j0 < kend; j0 += BK) {
+  // keys [kbegin, kend) are read by some row of this tile; the key tiles start at multiples of BK
+  const Index kbegin = nv > 0 ? a.m.begin(i0) / BK * BK : 0, kend = nv > 0 ? a.m.end(i0 + nv - 1, L) : 0;
+  for (Index j0 = kbegin; j0 < kend; j0 += BK) {
     const int nk = tile_rows(BK, L - j0);
     __syncthreads();  // the previous step is done with Ks, Vs, Ps
     load_tile<BK, DQK, LDQ>(Ks, k + j0 * a.k_row, a.k_row, nk, a.dqk);
@@ -261,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs<E> a
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
         const Index col = j0 + tx + kSide * j;
-        s[i][j] = (col <= row && col < L) ? s[i][j] * a.scale : -INFINITY;
+        s[i][j] = a.m.visible(row, col, L) ? s[i][j] * a.scale : -INFINITY;
         mx = fmaxf(mx, s[i][j]);
       }
       mx = max16(mx);
@@ -297,19 +418,20 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs<E> a
     }
   }
 
-  E* const o = a.o + (b * L + i0) * a.o_row + h * a.o_head;
+  E* const o = a.o + (first + i0) * a.o_row + h * a.o_head;
 #pragma unroll
   for (int i = 0; i < MI; ++i) {
     const float lt = sum16(l[i]);
     const int r = ty + kSide * i;
     if (r < nq) {
+      const bool token = r < nv;  // padding rows: o = 0, lse = 0
       const float inv = 1.0f / lt;
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
         const int col = tx + kSide * c;
-        if (col < a.dv) o[Index(r) * a.o_row + col] = from_float<E>(acc[i][c] * inv);
+        if (col < a.dv) o[Index(r) * a.o_row + col] = from_float<E>(token ? acc[i][c] * inv : 0.0f);
       }
-      if (tx == 0 && a.lse) a.lse[bh * L + i0 + r] = m[i] + logf(lt);
+      if (tx == 0 && a.lse) a.lse[bh * a.m.seq + i0 + r] = token ? m[i] + logf(lt) : 0.0f;
     }
   }
 }
@@ -321,14 +443,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(const FwdArgs<E> a
 // rowsum(dS) = 0; with T = 1, dS = dP - D = 0).
 template <class E, bool ROUND_DO>
 __global__ void __launch_bounds__(kThreads) delta_kernel(const E* __restrict__ o, const float* __restrict__ d_o,
-                                                          float* __restrict__ delta, Index batch, Index seq,
+                                                          float* __restrict__ delta, Index batch, const MaskArgs m,
                                                           Index heads, int dv, Index o_row, Index o_head) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const Index warps = Index(gridDim.x) * (kThreads / 32);
-  const Index items = batch * heads * seq;
+  const Index seq = m.seq, items = batch * heads * seq;
   for (Index w = Index(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; w < items; w += warps) {
     const Index t = w % seq, bh = w / seq, b = bh / heads, h = bh % heads;
-    const Index base = (b * seq + t) * o_row + h * o_head;
+    if (t >= m.span(b)) continue;  // past a packed sequence shorter than the longest: never read
+    const Index base = (m.start(b) + t) * o_row + h * o_head;
     float s = 0.0f;
     for (int c = lane; c < dv; c += 32) {
       float g = d_o[base + c];
@@ -358,17 +481,18 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const BwdArgs<E> a) {
   float* const dl_s = lse_s + BN;
 
   const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
-  const Index L = a.seq;
   const Index bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const Index first = a.m.start(b), span = a.m.span(b), L = a.m.length(b);
   const Index j0 = Index(blockIdx.y) * BM;  // the first key tiles have the most query tiles
-  const int nk = tile_rows(BM, L - j0);
-  const E* const q = a.q + b * L * a.q_row + h * a.q_head;
-  const float* const d_o = a.d_o + b * L * a.o_row + h * a.o_head;
-  const float* const lse = a.lse + bh * L;
-  const float* const delta = a.delta + bh * L;
+  if (j0 >= span) return;  // past a packed sequence shorter than the longest
+  const int nk = tile_rows(BM, span - j0), nkv = valid_rows(BM, j0, L);  // rows; tokens among them
+  const E* const q = a.q + first * a.q_row + h * a.q_head;
+  const float* const d_o = a.d_o + first * a.o_row + h * a.o_head;
+  const float* const lse = a.lse + bh * a.m.seq;
+  const float* const delta = a.delta + bh * a.m.seq;
 
-  load_tile<BM, DQK, LDK>(Ks, a.k + (b * L + j0) * a.k_row + h * a.k_head, a.k_row, nk, a.dqk);
-  load_tile<BM, DV, LDV>(Vs, a.v + (b * L + j0) * a.v_row + h * a.v_head, a.v_row, nk, a.dv_width);
+  load_tile<BM, DQK, LDK>(Ks, a.k + (first + j0) * a.k_row + h * a.k_head, a.k_row, nkv, a.dqk);
+  load_tile<BM, DV, LDV>(Vs, a.v + (first + j0) * a.v_row + h * a.v_head, a.v_row, nkv, a.dv_width);
 
   float dk[MI][NK], dv[MI][NV];
 #pragma unroll
@@ -379,8 +503,11 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const BwdArgs<E> a) {
     for (int c = 0; c < NV; ++c) dv[i][c] = 0.0f;
   }
 
-  // query tiles at or below the diagonal (rows before j0 see none of these keys)
-  for (Index i0 = (j0 / BN) * BN; i0 < L; i0 += BN) {
+  // the query tiles that read these keys (causal: at or below the diagonal); padding keys: none,
+  // so their dK, dV are written 0
+  const Index qbegin = nkv > 0 ? a.m.first_query(j0) / BN * BN : 0;
+  const Index qend = nkv > 0 ? a.m.query_end(j0 + nkv - 1, L) : 0;
+  for (Index i0 = qbegin; i0 < qend; i0 += BN) {
     const int nq = tile_rows(BN, L - i0);
     __syncthreads();  // the previous step is done with Qs, dOs, Pt, dSt, lse_s, dl_s
     load_tile<BN, DQK, LDK>(Qs, q + i0 * a.q_row, a.q_row, nq, a.dqk);
@@ -404,8 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const BwdArgs<E> a) {
       for (int j = 0; j < NJ; ++j) {
         const int qj = tx + kSide * j;
         const Index qi = i0 + qj;
-        const bool visible = key <= qi && qi < L && key < L;
-        const float p = visible ? expf(st[i][j] * a.scale - lse_s[qj]) : 0.0f;
+        const float p = a.m.visible(qi, key, L) ? expf(st[i][j] * a.scale - lse_s[qj]) : 0.0f;
         Pt[(ty + kSide * i) * LDS + qj] = p;
         dSt[(ty + kSide * i) * LDS + qj] = p * (dpt[i][j] - dl_s[qj]);
       }
@@ -436,8 +562,8 @@ __global__ void __launch_bounds__(kThreads, 1) dkdv_kernel(const BwdArgs<E> a) {
     }
   }
 
-  float* const dk_out = a.dk + (b * L + j0) * a.k_row + h * a.k_head;
-  float* const dv_out = a.dv + (b * L + j0) * a.v_row + h * a.v_head;
+  float* const dk_out = a.dk + (first + j0) * a.k_row + h * a.k_head;
+  float* const dv_out = a.dv + (first + j0) * a.v_row + h * a.v_head;
 #pragma unroll
   for (int i = 0; i < MI; ++i) {
     const int r = ty + kSide * i;
@@ -473,28 +599,30 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const BwdArgs<E> a) {
   float* const dSs = Vs + BN * LDV;
 
   const int tx = static_cast<int>(threadIdx.x) % kSide, ty = static_cast<int>(threadIdx.x) / kSide;
-  const Index L = a.seq;
   const Index bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const Index first = a.m.start(b), span = a.m.span(b), L = a.m.length(b);
   const Index i0 = Index(gridDim.y - 1 - blockIdx.y) * BM;  // heaviest tiles first
-  const int nq = tile_rows(BM, L - i0);
-  const E* const k = a.k + b * L * a.k_row + h * a.k_head;
-  const E* const v = a.v + b * L * a.v_row + h * a.v_head;
+  if (i0 >= span) return;  // past a packed sequence shorter than the longest
+  const int nq = tile_rows(BM, span - i0), nv = valid_rows(BM, i0, L);  // rows; tokens among them
+  const E* const k = a.k + first * a.k_row + h * a.k_head;
+  const E* const v = a.v + first * a.v_row + h * a.v_head;
 
-  load_tile<BM, DQK, LDK>(Qs, a.q + (b * L + i0) * a.q_row + h * a.q_head, a.q_row, nq, a.dqk);
-  load_tile<BM, DV, LDV>(dOs, a.d_o + (b * L + i0) * a.o_row + h * a.o_head, a.o_row, nq, a.dv_width);
+  load_tile<BM, DQK, LDK>(Qs, a.q + (first + i0) * a.q_row + h * a.q_head, a.q_row, nv, a.dqk);
+  load_tile<BM, DV, LDV>(dOs, a.d_o + (first + i0) * a.o_row + h * a.o_head, a.o_row, nv, a.dv_width);
 
   float lse_r[MI], dl_r[MI], dq[MI][NK];
 #pragma unroll
   for (int i = 0; i < MI; ++i) {
     const int r = ty + kSide * i;
-    lse_r[i] = r < nq ? a.lse[bh * L + i0 + r] : 0.0f;
-    dl_r[i] = r < nq ? a.delta[bh * L + i0 + r] : 0.0f;
+    lse_r[i] = r < nv ? a.lse[bh * a.m.seq + i0 + r] : 0.0f;
+    dl_r[i] = r < nv ? a.delta[bh * a.m.seq + i0 + r] : 0.0f;
 #pragma unroll
     for (int c = 0; c < NK; ++c) dq[i][c] = 0.0f;
   }
 
-  const Index kend = i0 + nq;
-  for (Index j0 = 0; j0 < kend; j0 += BN) {
+  // the forward's key tiles; padding rows read none, so their dQ is written 0
+  const Index kbegin = nv > 0 ? a.m.begin(i0) / BN * BN : 0, kend = nv > 0 ? a.m.end(i0 + nv - 1, L) : 0;
+  for (Index j0 = kbegin; j0 < kend; j0 += BN) {
     const int nk = tile_rows(BN, L - j0);
     __syncthreads();  // the previous step is done with Ks, Vs, dSs
     load_tile<BN, DQK, LDK>(Ks, k + j0 * a.k_row, a.k_row, nk, a.dqk);
@@ -512,8 +640,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const BwdArgs<E> a) {
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
         const Index col = j0 + tx + kSide * j;
-        const bool visible = col <= row && col < L && row < L;
-        const float p = visible ? expf(s[i][j] * a.scale - lse_r[i]) : 0.0f;
+        const float p = a.m.visible(row, col, L) ? expf(s[i][j] * a.scale - lse_r[i]) : 0.0f;
         dSs[(ty + kSide * i) * LDS + tx + kSide * j] = p * (dp[i][j] - dl_r[i]);
       }
     }
@@ -534,7 +661,7 @@ __global__ void __launch_bounds__(kThreads, 1) dq_kernel(const BwdArgs<E> a) {
     }
   }
 
-  float* const dq_out = a.dq + (b * L + i0) * a.q_row + h * a.q_head;
+  float* const dq_out = a.dq + (first + i0) * a.q_row + h * a.q_head;
 #pragma unroll
   for (int i = 0; i < MI; ++i) {
     const int r = ty + kSide * i;
@@ -672,13 +799,14 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_forward_kernel(const FwdArgs
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int wrow = 16 * warp, r = lane / 2, half = lane % 2;
-  const Index L = a.seq;
   const Index bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const Index first = a.m.start(b), span = a.m.span(b), L = a.m.length(b);
   const Index i0 = Index(gridDim.y - 1 - blockIdx.y) * BM;  // heaviest tiles first
-  const int nq = tile_rows(BM, L - i0);
-  const bf16* const k = a.k + b * L * a.k_row + h * a.k_head;
-  const bf16* const v = a.v + b * L * a.v_row + h * a.v_head;
-  load_tile_bf16<BM, DQK, LDK>(Qs, a.q + (b * L + i0) * a.q_row + h * a.q_head, a.q_row, nq, a.dqk);
+  if (i0 >= span) return;  // past a packed sequence shorter than the longest
+  const int nq = tile_rows(BM, span - i0), nv = valid_rows(BM, i0, L);  // rows; tokens among them
+  const bf16* const k = a.k + first * a.k_row + h * a.k_head;
+  const bf16* const v = a.v + first * a.v_row + h * a.v_head;
+  load_tile_bf16<BM, DQK, LDK>(Qs, a.q + (first + i0) * a.q_row + h * a.q_head, a.q_row, nv, a.dqk);
 
   float* const Fw = F + wrow * LDF;
   bf16* const Pw = Ps + wrow * LDP;
@@ -687,8 +815,8 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_forward_kernel(const FwdArgs
 #pragma unroll
   for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
 
-  const Index kend = i0 + nq;
-  for (Index j0 = 0; j0 < kend; j0 += BN) {
+  const Index kbegin = nv > 0 ? a.m.begin(i0) / BN * BN : 0, kend = nv > 0 ? a.m.end(i0 + nv - 1, L) : 0;
+  for (Index j0 = kbegin; j0 < kend; j0 += BN) {
     const int nk = tile_rows(BN, L - j0);
     __syncthreads();  // every warp is done with Ks, Vs
     load_tile_bf16<BN, DQK, LDK>(Ks, k + j0 * a.k_row, a.k_row, nk, a.dqk);
@@ -711,7 +839,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_forward_kernel(const FwdArgs
     for (int t = 0; t < NS; ++t) {
       const int cj = half + 2 * t;
       const Index col = j0 + cj;
-      sv[t] = (col <= row && col < L) ? Fw[r * LDF + cj] * a.scale : -INFINITY;
+      sv[t] = a.m.visible(row, col, L) ? Fw[r * LDF + cj] * a.scale : -INFINITY;
       mx = fmaxf(mx, sv[t]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -747,14 +875,15 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_forward_kernel(const FwdArgs
 
   const float lt = l + __shfl_xor_sync(0xffffffffu, l, 1);
   if (wrow + r < nq) {
-    bf16* const o = a.o + (b * L + row) * a.o_row + h * a.o_head;
+    const bool token = wrow + r < nv;  // padding rows: o = 0, lse = 0
+    bf16* const o = a.o + (first + row) * a.o_row + h * a.o_head;
     const float inv = 1.0f / lt;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int col = half + 2 * c;
-      if (col < a.dv) o[col] = from_float<bf16>(acc[c] * inv);
+      if (col < a.dv) o[col] = from_float<bf16>(token ? acc[c] * inv : 0.0f);
     }
-    if (half == 0 && a.lse) a.lse[bh * L + row] = m + logf(lt);
+    if (half == 0 && a.lse) a.lse[bh * a.m.seq + row] = token ? m + logf(lt) : 0.0f;
   }
 #else
   (void)a;
@@ -782,14 +911,15 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dkdv_kernel(const BwdArgs<bf
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int wrow = 16 * warp, r = lane / 2, half = lane % 2;
-  const Index L = a.seq;
   const Index bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const Index first = a.m.start(b), span = a.m.span(b), L = a.m.length(b);
   const Index j0 = Index(blockIdx.y) * BM;
-  const int nk = tile_rows(BM, L - j0);
-  const bf16* const q = a.q + b * L * a.q_row + h * a.q_head;
-  const float* const d_o = a.d_o + b * L * a.o_row + h * a.o_head;
-  load_tile_bf16<BM, DQK, LDK>(Ks, a.k + (b * L + j0) * a.k_row + h * a.k_head, a.k_row, nk, a.dqk);
-  load_tile_bf16<BM, DV, LDV>(Vs, a.v + (b * L + j0) * a.v_row + h * a.v_head, a.v_row, nk, a.dv_width);
+  if (j0 >= span) return;  // past a packed sequence shorter than the longest
+  const int nk = tile_rows(BM, span - j0), nkv = valid_rows(BM, j0, L);  // rows; tokens among them
+  const bf16* const q = a.q + first * a.q_row + h * a.q_head;
+  const float* const d_o = a.d_o + first * a.o_row + h * a.o_head;
+  load_tile_bf16<BM, DQK, LDK>(Ks, a.k + (first + j0) * a.k_row + h * a.k_head, a.k_row, nkv, a.dqk);
+  load_tile_bf16<BM, DV, LDV>(Vs, a.v + (first + j0) * a.v_row + h * a.v_head, a.v_row, nkv, a.dv_width);
 
   float* const Fw = F + wrow * LDF;
   bf16* const Pw = Pt + wrow * LDP;
@@ -801,14 +931,17 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dkdv_kernel(const BwdArgs<bf
 #pragma unroll
   for (int c = 0; c < NV; ++c) wmma::fill_fragment(dv[c], 0.0f);
 
-  for (Index i0 = (j0 / BN) * BN; i0 < L; i0 += BN) {
+  // the query tiles that read these keys; padding keys: none, so their dK, dV are written 0
+  const Index qbegin = nkv > 0 ? a.m.first_query(j0) / BN * BN : 0;
+  const Index qend = nkv > 0 ? a.m.query_end(j0 + nkv - 1, L) : 0;
+  for (Index i0 = qbegin; i0 < qend; i0 += BN) {
     const int nq = tile_rows(BN, L - i0);
     __syncthreads();  // every warp is done with Qs, dOs, lse_s, dl_s
     load_tile_bf16<BN, DQK, LDK>(Qs, q + i0 * a.q_row, a.q_row, nq, a.dqk);
     load_tile_bf16<BN, DV, LDV>(dOs, d_o + i0 * a.o_row, a.o_row, nq, a.dv_width);
     for (int t = static_cast<int>(threadIdx.x); t < BN; t += kTcThreads) {
-      lse_s[t] = t < nq ? a.lse[bh * L + i0 + t] : 0.0f;
-      dl_s[t] = t < nq ? a.delta[bh * L + i0 + t] : 0.0f;
+      lse_s[t] = t < nq ? a.lse[bh * a.m.seq + i0 + t] : 0.0f;
+      dl_s[t] = t < nq ? a.delta[bh * a.m.seq + i0 + t] : 0.0f;
     }
     __syncthreads();
 
@@ -827,8 +960,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dkdv_kernel(const BwdArgs<bf
     for (int t = 0; t < BN / 2; ++t) {
       const int qj = half + 2 * t;
       const Index qi = i0 + qj;
-      const bool visible = key <= qi && qi < L && key < L;
-      const float p = visible ? expf(Fw[r * LDF + qj] * a.scale - lse_s[qj]) : 0.0f;
+      const float p = a.m.visible(qi, key, L) ? expf(Fw[r * LDF + qj] * a.scale - lse_s[qj]) : 0.0f;
       Pw[r * LDP + qj] = from_float<bf16>(p);
       Sw[r * LDP + qj] = from_float<bf16>(p * (Fw[r * LDF + BN + qj] - dl_s[qj]));
     }
@@ -847,7 +979,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dkdv_kernel(const BwdArgs<bf
   for (int c = 0; c < NK; ++c) wmma::store_matrix_sync(Fw + c * 16, dk[c], LDF, wmma::mem_row_major);
   __syncwarp();
   if (in_range) {
-    float* const out = a.dk + (b * L + key) * a.k_row + h * a.k_head;
+    float* const out = a.dk + (first + key) * a.k_row + h * a.k_head;
 #pragma unroll
     for (int t = 0; t < DQK / 2; ++t) {
       const int col = half + 2 * t;
@@ -859,7 +991,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dkdv_kernel(const BwdArgs<bf
   for (int c = 0; c < NV; ++c) wmma::store_matrix_sync(Fw + c * 16, dv[c], LDF, wmma::mem_row_major);
   __syncwarp();
   if (in_range) {
-    float* const out = a.dv + (b * L + key) * a.v_row + h * a.v_head;
+    float* const out = a.dv + (first + key) * a.v_row + h * a.v_head;
 #pragma unroll
     for (int t = 0; t < DV / 2; ++t) {
       const int col = half + 2 * t;
@@ -889,27 +1021,29 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dq_kernel(const BwdArgs<bf16
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int wrow = 16 * warp, r = lane / 2, half = lane % 2;
-  const Index L = a.seq;
   const Index bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const Index first = a.m.start(b), span = a.m.span(b), L = a.m.length(b);
   const Index i0 = Index(gridDim.y - 1 - blockIdx.y) * BM;  // heaviest tiles first
-  const int nq = tile_rows(BM, L - i0);
-  const bf16* const k = a.k + b * L * a.k_row + h * a.k_head;
-  const bf16* const v = a.v + b * L * a.v_row + h * a.v_head;
-  load_tile_bf16<BM, DQK, LDK>(Qs, a.q + (b * L + i0) * a.q_row + h * a.q_head, a.q_row, nq, a.dqk);
-  load_tile_bf16<BM, DV, LDV>(dOs, a.d_o + (b * L + i0) * a.o_row + h * a.o_head, a.o_row, nq, a.dv_width);
+  if (i0 >= span) return;  // past a packed sequence shorter than the longest
+  const int nq = tile_rows(BM, span - i0), nv = valid_rows(BM, i0, L);  // rows; tokens among them
+  const bf16* const k = a.k + first * a.k_row + h * a.k_head;
+  const bf16* const v = a.v + first * a.v_row + h * a.v_head;
+  load_tile_bf16<BM, DQK, LDK>(Qs, a.q + (first + i0) * a.q_row + h * a.q_head, a.q_row, nv, a.dqk);
+  load_tile_bf16<BM, DV, LDV>(dOs, a.d_o + (first + i0) * a.o_row + h * a.o_head, a.o_row, nv, a.dv_width);
 
   float* const Fw = F + wrow * LDF;
   bf16* const Sw = dSs + wrow * LDP;
   const Index row = i0 + wrow + r;
-  const bool in_range = wrow + r < nq;
-  const float lse_r = in_range ? a.lse[bh * L + row] : 0.0f;
-  const float dl_r = in_range ? a.delta[bh * L + row] : 0.0f;
+  const bool in_range = wrow + r < nq, token = wrow + r < nv;
+  const float lse_r = token ? a.lse[bh * a.m.seq + row] : 0.0f;
+  const float dl_r = token ? a.delta[bh * a.m.seq + row] : 0.0f;
   FragC dq[NK];
 #pragma unroll
   for (int c = 0; c < NK; ++c) wmma::fill_fragment(dq[c], 0.0f);
 
-  const Index kend = i0 + nq;
-  for (Index j0 = 0; j0 < kend; j0 += BN) {
+  // the forward's key tiles; padding rows read none, so their dQ is written 0
+  const Index kbegin = nv > 0 ? a.m.begin(i0) / BN * BN : 0, kend = nv > 0 ? a.m.end(i0 + nv - 1, L) : 0;
+  for (Index j0 = kbegin; j0 < kend; j0 += BN) {
     const int nk = tile_rows(BN, L - j0);
     __syncthreads();  // every warp is done with Ks, Vs
     load_tile_bf16<BN, DQK, LDK>(Ks, k + j0 * a.k_row, a.k_row, nk, a.dqk);
@@ -930,8 +1064,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dq_kernel(const BwdArgs<bf16
     for (int t = 0; t < BN / 2; ++t) {
       const int cj = half + 2 * t;
       const Index col = j0 + cj;
-      const bool visible = col <= row && col < L && row < L;
-      const float p = visible ? expf(Fw[r * LDF + cj] * a.scale - lse_r) : 0.0f;
+      const float p = a.m.visible(row, col, L) ? expf(Fw[r * LDF + cj] * a.scale - lse_r) : 0.0f;
       Sw[r * LDP + cj] = from_float<bf16>(p * (Fw[r * LDF + BN + cj] - dl_r));
     }
     __syncwarp();
@@ -945,7 +1078,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) tc_dq_kernel(const BwdArgs<bf16
   for (int c = 0; c < NK; ++c) wmma::store_matrix_sync(Fw + c * 16, dq[c], LDF, wmma::mem_row_major);
   __syncwarp();
   if (in_range) {
-    float* const out = a.dq + (b * L + row) * a.q_row + h * a.q_head;
+    float* const out = a.dq + (first + row) * a.q_row + h * a.q_head;
 #pragma unroll
     for (int t = 0; t < DQK / 2; ++t) {
       const int col = half + 2 * t;
@@ -1003,6 +1136,24 @@ inline void validate(const FlashLayout& l, const char* who) {
     fail(who, "batch * heads = " + std::to_string(l.batch * l.heads) + " exceeds the grid limit (2^31 - 1)");
   if ((l.seq + 31) / 32 > 65535)
     fail(who, "seq = " + std::to_string(l.seq) + " exceeds the grid limit (65535 tiles of 32 rows)");
+  if (l.mask.window < 0)
+    fail(who, "mask window must be >= 0 (0 means no window); got " + std::to_string(l.mask.window));
+  if (l.mask.lengths && l.mask.offsets)
+    fail(who, "the mask holds both padded lengths and packed offsets; give one of them (or neither: B equal "
+              "sequences of seq rows)");
+  if (l.mask.offsets && l.mask.rows < 1)
+    fail(who, "packed sequences need their number of rows (FlashMask::rows = offsets[B]); got " +
+                  std::to_string(l.mask.rows));
+}
+
+inline MaskArgs mask_args(const FlashLayout& l) {
+  MaskArgs m;
+  m.seq = l.seq;
+  m.window = l.mask.window;
+  m.lengths = l.mask.lengths;
+  m.offsets = l.mask.offsets;
+  m.causal = l.mask.causal;
+  return m;
 }
 
 inline bool empty(const FlashLayout& l) { return l.batch == 0 || l.seq == 0 || l.heads == 0; }
@@ -1058,7 +1209,7 @@ void forward(const FlashLayout& l, const E* q, const E* k, const E* v, E* o, flo
   a.v = v;
   a.o = o;
   a.lse = lse;
-  a.seq = l.seq;
+  a.m = mask_args(l);
   a.heads = l.heads;
   a.q_row = l.q_row, a.q_head = l.q_head, a.k_row = l.k_row, a.k_head = l.k_head;
   a.v_row = l.v_row, a.v_head = l.v_head, a.o_row = l.o_row, a.o_head = l.o_head;
@@ -1101,8 +1252,8 @@ void backward(const FlashLayout& l, const E* q, const E* k, const E* v, const E*
 
   auto launch_delta = [&](auto round_do) {
     const unsigned dgrid = grid_for(n, kThreads / 32);
-    launch(delta_kernel<E, decltype(round_do)::value>, dgrid, kThreads, 0, stream, o, d_o, delta.data(), l.batch, l.seq,
-           l.heads, static_cast<int>(l.dv), l.o_row, l.o_head);
+    launch(delta_kernel<E, decltype(round_do)::value>, dgrid, kThreads, 0, stream, o, d_o, delta.data(), l.batch,
+           mask_args(l), l.heads, static_cast<int>(l.dv), l.o_row, l.o_head);
   };
 
   BwdArgs<E> a{};
@@ -1115,7 +1266,7 @@ void backward(const FlashLayout& l, const E* q, const E* k, const E* v, const E*
   a.dq = dq;
   a.dk = dk;
   a.dv = dv;
-  a.seq = l.seq;
+  a.m = mask_args(l);
   a.heads = l.heads;
   a.q_row = l.q_row, a.q_head = l.q_head, a.k_row = l.k_row, a.k_head = l.k_head;
   a.v_row = l.v_row, a.v_head = l.v_head, a.o_row = l.o_row, a.o_head = l.o_head;
@@ -1156,7 +1307,8 @@ void backward(const FlashLayout& l, const E* q, const E* k, const E* v, const E*
 
 }  // namespace flash_detail
 
-/// O (=) and, unless lse is null, lse [B, H, T] (=) of causal softmax attention over every (b, h).
+/// O (=) and, unless lse is null, lse [B, H, T] (=) of softmax attention under l.mask (causal by
+/// default) over every (b, h); padding rows get 0 in both.
 /// Asynchronous on `stream`.
 template <class T>
 void flash_forward(const FlashLayout& l, const T* q, const T* k, const T* v, T* o, float* lse,
@@ -1164,7 +1316,8 @@ void flash_forward(const FlashLayout& l, const T* q, const T* k, const T* v, T* 
   flash_detail::forward(l, q, k, v, o, lse, flash_detail::Kernels::automatic, stream);
 }
 
-/// dq, dk, dv (float, with the strides of q, k, v) written (=) over the heads this layout covers,
+/// dq, dk, dv (float, with the strides of q, k, v) written (=) over the heads this layout covers
+/// (0 on padding rows),
 /// from the forward's o and lse and the cotangent d_o (float, o's strides). Asynchronous on
 /// `stream`; uses the thread_local D scratch described at the top of this file.
 template <class T>

@@ -1,11 +1,13 @@
 // The scoring policies on the device: the same maths as include/coupledqk/scoring/softmax.hpp and
-// differential.hpp, on top of the causal flash kernels of flash.cuh.
+// differential.hpp, on top of the flash kernels of flash.cuh, under the run-time mask and sequences
+// of ScoringDims::mask (causal over B sequences of T rows by default; padding rows give o = 0 and
+// zero gradients, as on the CPU).
 //
 //     DeviceScoring<coupledqk::Softmax>       one flash attention, scale 1/sqrt(d)
 //     DeviceScoring<coupledqk::Differential>  two flash attentions per differential head, lambda,
 //                                             RMSNorm over the 2d channels, (1 - lambda_init) subln
 //
-// Tensors: q, k, v, o are [B*T, D] row-major, D = H*d; (token r, head h) is columns h*d..h*d+d-1
+// Tensors: q, k, v, o are [B*T, D] row-major ([rows, D] for packed sequences), D = H*d; (token r, head h) is columns h*d..h*d+d-1
 // of row r. Cotangents are float. Parameters are one flat float block, in the CPU visit order
 // (Differential: lq1, lk1, lq2, lk2 [d] each, then subln [2d]); their gradient is accumulated (+=).
 // Everything is asynchronous on the given stream: lambda is computed on the device, nothing syncs.
@@ -33,10 +35,16 @@
 
 namespace coupledqk::cuda {
 
-/// heads = H query/key pairs per token (Differential: H/2 differential heads); head_dim = d.
+/// heads = H query/key pairs per token (Differential: H/2 differential heads); head_dim = d;
+/// mask: which keys a query reads and the rows' layout (flash.cuh; seq is the longest sequence
+/// when packed).
 struct ScoringDims {
   Index batch = 0, seq = 0, heads = 0, head_dim = 0;
   int layer_index = 0;
+  FlashMask mask{};
+
+  /// Rows of q, k, v, o: B*T, or the packed sequences' rows.
+  Index rows() const { return mask.offsets ? mask.rows : batch * seq; }
 };
 
 /// The device kernels of scoring policy Sc: the primary template, "none" (cuda::variant_supported
@@ -255,6 +263,7 @@ struct DeviceScoring<coupledqk::Softmax> {
     l.q_row = l.k_row = l.v_row = l.o_row = D;
     l.q_head = l.k_head = l.v_head = l.o_head = d.head_dim;
     l.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+    l.mask = d.mask;
     return l;
   }
 
@@ -321,6 +330,7 @@ struct DeviceScoring<coupledqk::Differential> {
     l.q_row = l.k_row = l.v_row = l.o_row = D;
     l.q_head = l.k_head = l.v_head = l.o_head = W;
     l.scale = 1.0f / std::sqrt(static_cast<float>(d.head_dim));
+    l.mask = d.mask;
     return l;
   }
 
@@ -333,7 +343,7 @@ struct DeviceScoring<coupledqk::Differential> {
     if (empty(d)) return;
     if (!params) fail("DeviceScoring<Differential>::forward", "params is null");
     Saved<T>& s = saved ? *saved : inference_scratch<T>();
-    const Index hd = d.head_dim, G = d.heads / 2, rows = d.batch * d.seq, n = rows * d.heads * hd;
+    const Index hd = d.head_dim, G = d.heads / 2, rows = d.rows(), n = rows * d.heads * hd;
     s.o1.reserve(static_cast<std::size_t>(n));
     s.o2.reserve(static_cast<std::size_t>(n));
     s.lse1.reserve(static_cast<std::size_t>(d.batch * G * d.seq));
@@ -363,7 +373,7 @@ struct DeviceScoring<coupledqk::Differential> {
     validate(d);
     if (empty(d)) return;
     if (!params || !dparams) fail(who, "params and dparams must not be null");
-    const Index hd = d.head_dim, G = d.heads / 2, rows = d.batch * d.seq, n = rows * d.heads * hd;
+    const Index hd = d.head_dim, G = d.heads / 2, rows = d.rows(), n = rows * d.heads * hd;
     if (s.o1.size() < static_cast<std::size_t>(n) || s.inv_rms.size() < static_cast<std::size_t>(rows * G) ||
         s.lse1.size() < static_cast<std::size_t>(d.batch * G * d.seq) || s.lambda.size() < 3)
       fail(who, "saved holds nothing of this shape: run forward with a Saved first");
