@@ -3,8 +3,14 @@
 //
 //     Q, K, V  = X Wq, X Wk, X Wv          one strided-batched cuBLAS GEMM
 //     (Q', K') = Phi(Q, K)                 dynamics.cuh: one fused kernel, all sub-steps on chip
-//     O        = Scoring(Q', K', V)        scoring.cuh: FlashAttention-style causal kernels
+//     O        = Scoring(Q', K', V)        scoring.cuh: FlashAttention-style kernels under the mask
 //     Y        = O Wo                      cuBLAS
+//
+// The mask (AttentionConfig::causal, ::window) and the rows' layout (forward with a Sequences:
+// equal, right-padded or packed) are run-time settings, as on the CPU; padding rows give y = 0 and
+// get dx = 0. With AttentionConfig::positions = rope, Q and K are rotated (rope.cuh) before the
+// dynamics or after them (rope_order), and the backward applies the inverse rotation to dQ, dK at
+// the same place.
 //
 // A user switches device, not code:
 //
@@ -34,6 +40,7 @@
 #include <coupledqk/core/parameters.hpp>
 
 #include "dynamics.cuh"
+#include "rope.cuh"
 #include "runtime.cuh"
 #include "scoring.cuh"
 
@@ -120,10 +127,6 @@ class Attention {
   /// wv consecutive (one batched GEMM), then wo, then the dynamics block followed by rho, then the
   /// scoring's block.
   explicit Attention(const AttentionConfig& config) : config_(config) {
-    require(config_.positions == Positions::none, "cuda::Attention: positions = ", to_string(config_.positions),
-            " (rotary embeddings) runs on the CPU layer only so far; the device layer takes positions = none");
-    require(config_.mask().is_default(), "cuda::Attention: the mask '", to_string(config_.mask()),
-            "' runs on the CPU layer only so far; the device layer takes the default causal mask without a window");
     const typename Host::ParameterLayout layout = Host::parameter_layout(config_);
     const Index D = config_.dim;
     off_wq_ = 0;
@@ -145,7 +148,9 @@ class Attention {
 
   /// Device workspaces of one forward/backward, grown on first use and reused.
   struct Context {
-    Index batch = 0, seq = 0;
+    Index batch = 0, seq = 0, rows = 0;  // seq: T, the longest sequence when packed; rows: of x
+    DeviceSequences sequences;         // the rows' layout (lengths or offsets on the device)
+    DeviceRope rope;                   // positions = rope: the rotation's tables
     const T* x = nullptr;              // the forward's input (owned by the caller)
     DeviceBuffer<T> qkv;               // [3, B*T, D]: Q, K before the dynamics, V
     DeviceBuffer<T> qk;                // [2, B*T, D]: Q', K' (coupled/uncoupled layers only)
@@ -160,14 +165,25 @@ class Attention {
   /// for_backward, x must stay alive and unchanged until backward().
   void forward(const Blas& blas, const float* params, const T* params_t, const T* x, Index batch, Index seq, T* y,
                Context& ctx, bool for_backward) const {
-    const Index D = config_.dim, N = batch * seq;
     require(batch > 0 && seq > 0, "cuda::Attention forward: batch (B) and seq (T) must be positive; got B = ", batch,
             ", T = ", seq);
+    forward(blas, params, params_t, x, Sequences::equal(batch, seq), y, ctx, for_backward);
+  }
+
+  /// The same over rows laid out as `seqs` (include/coupledqk/scoring/mask.hpp): x, y [seqs.rows(), D];
+  /// right-padded sequences' padding rows of y are 0.
+  void forward(const Blas& blas, const float* params, const T* params_t, const T* x, const Sequences& seqs, T* y,
+               Context& ctx, bool for_backward) const {
+    require(seqs.batch() > 0, "cuda::Attention forward: the sequences are empty (make them with Sequences::equal, ",
+            "padded or packed)");
+    const Index D = config_.dim, N = seqs.rows();
     require(params != nullptr && params_t != nullptr && x != nullptr && y != nullptr,
             "cuda::Attention forward: null device pointer (params, params_t, x or y)");
     const cudaStream_t s = blas.stream();
-    ctx.batch = batch;
-    ctx.seq = seq;
+    ctx.batch = seqs.batch();
+    ctx.seq = seqs.seq();
+    ctx.rows = N;
+    ctx.sequences.set(seqs, s);
     ctx.x = x;
     ctx.has_forward = for_backward;
     const std::size_t ND = static_cast<std::size_t>(N * D);
@@ -178,8 +194,12 @@ class Attention {
     // [Q | K | V] = X [Wq | Wk | Wv]: three products sharing X, one call.
     detail::gemm_strided_batched<T, T>(blas, false, false, N, D, D, 1.0f, x, D, 0, params_t + off_wq_, D, D * D, 0.0f,
                                        q, D, static_cast<Index>(ND), 3);
-    const T* qe = q;
-    const T* ke = k;
+    const bool rope = config_.positions == Positions::rope;
+    const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
+    if (rope) ctx.rope.prepare(config_.head_dim(), ctx.seq, config_.rope_base, s);
+    if (rotate_first) rotate(ctx, q, k, false, s);  // the dynamics (and their backward) see rotated Q, K
+    T* qe = q;
+    T* ke = k;
     if constexpr (Integrator::has_dynamics) {
       ctx.qk.reserve(2 * ND);
       T* q2 = ctx.qk.data();
@@ -188,8 +208,9 @@ class Attention {
       qe = q2;
       ke = k2;
     }
+    if (rope && !rotate_first) rotate(ctx, qe, ke, false, s);  // what the scoring reads; Q, K stay position-free
     ctx.o.reserve(ND);
-    DeviceScoring<Scoring>::template forward<T>(scoring_dims(batch, seq), params + off_score_, qe, ke, v, ctx.o.data(),
+    DeviceScoring<Scoring>::template forward<T>(scoring_dims(ctx), params + off_score_, qe, ke, v, ctx.o.data(),
                                                 for_backward ? &ctx.saved : nullptr, s);
     gemm<T, T>(blas, false, false, N, D, D, 1.0f, ctx.o.data(), D, params_t + off_wo_, D, 0.0f, y, D);
   }
@@ -202,7 +223,7 @@ class Attention {
             "cuda::Attention backward: the context holds no forward pass (call forward with for_backward = true)");
     require(dy != nullptr && dx != nullptr && dparams != nullptr,
             "cuda::Attention backward: null device pointer (dy, dx or dparams)");
-    const Index D = config_.dim, N = ctx.batch * ctx.seq;
+    const Index D = config_.dim, N = ctx.rows;
     const std::size_t ND = static_cast<std::size_t>(N * D);
     const cudaStream_t s = blas.stream();
     const T* q = ctx.qkv.data();
@@ -224,13 +245,18 @@ class Attention {
     float* dq = ctx.dqkv.data();
     float* dk = dq + ND;
     float* dv = dk + ND;
-    DeviceScoring<Scoring>::template backward<T>(scoring_dims(ctx.batch, ctx.seq), params + off_score_, qe, ke, v,
-                                                 ctx.o.data(), ctx.saved, ctx.d_o.data(), dq, dk, dv,
-                                                 dparams + off_score_, s);
+    DeviceScoring<Scoring>::template backward<T>(scoring_dims(ctx), params + off_score_, qe, ke, v, ctx.o.data(),
+                                                 ctx.saved, ctx.d_o.data(), dq, dk, dv, dparams + off_score_, s);
+    // the rotations' backward, R^T, where the forward rotated; the dynamics recompute their
+    // trajectory from Q, K as they saw them (rotated when rotate_then_dynamics)
+    const bool rope = config_.positions == Positions::rope;
+    const bool rotate_first = rope && config_.rope_order == RopeOrder::rotate_then_dynamics;
+    if (rope && !rotate_first) rotate(ctx, dq, dk, true, s);
     // dynamics: cotangents of Q', K' -> of Q, K (in place); dyn.* and dyn.rho gradients
     if constexpr (Integrator::has_dynamics)
       dynamics_backward<Integrator, T>(dims(N), params + off_dyn_, params + off_rho_, q, k, dq, dk,
                                        dparams + off_dyn_, dparams + off_rho_, s);
+    if (rotate_first) rotate(ctx, dq, dk, true, s);
     // [dWq | dWk | dWv] += X^T [dQ | dK | dV]
     const T* dqkv_t = detail::as_storage<T>(ctx.dqkv.data(), static_cast<Index>(3 * ND), ctx.dqkv_t, s);
     detail::gemm_strided_batched<T, float>(blas, true, false, D, D, N, 1.0f, ctx.x, D, 0, dqkv_t, D,
@@ -250,8 +276,16 @@ class Attention {
   DynamicsDims dims(Index rows) const {
     return DynamicsDims{rows * config_.heads, config_.heads, config_.head_dim(), config_.hidden_width()};
   }
-  ScoringDims scoring_dims(Index batch, Index seq) const {
-    return ScoringDims{batch, seq, config_.heads, config_.head_dim(), config_.layer_index};
+  ScoringDims scoring_dims(const Context& ctx) const {
+    ScoringDims d{ctx.batch, ctx.seq, config_.heads, config_.head_dim(), config_.layer_index};
+    d.mask = ctx.sequences.mask(config_.mask());
+    return d;
+  }
+  /// Rotary positions of x0, x1 [rows, D] (Q and K, or inverse: their cotangents) at each row's
+  /// position in its sequence.
+  template <class E>
+  void rotate(const Context& ctx, E* x0, E* x1, bool inverse, cudaStream_t s) const {
+    ctx.rope.rotate(x0, x1, ctx.rows, config_.heads, ctx.batch, ctx.seq, ctx.sequences.mask(config_.mask()), inverse, s);
   }
 
   AttentionConfig config_;
