@@ -9,6 +9,8 @@
 //   * 10 AdamW steps on the same batches on both devices: loss curves within 1e-3 relative (float),
 //     then the device state downloaded into a fresh CPU model and optimiser continues the run;
 //   * the device trainer of coupledqk-train (when this test links coupledqk_cuda_train);
+//   * rotary positions in both orders, no positions, and a causal window (GptConfig::positions,
+//     ::rope_order, ::window): loss and every gradient as above, standard, leapfrog, diff-leapfrog;
 //   * errors: a host model of another variant, bad ids, T > context.
 // Without a usable device the whole executable is skipped (test_cuda_main.cu, exit 77).
 #include <algorithm>
@@ -107,8 +109,7 @@ constexpr bool is_bf16 = std::is_same_v<T, bf16>;
 // ---- the whole model: loss and gradients ------------------------------------------------------------
 
 template <class I, class Sc, class T>
-void check_gradients() {
-  const GptConfig cfg = tiny_config();
+void check_gradients(const GptConfig& cfg = tiny_config()) {
   Gpt<float, I, Sc> host(cfg, 5);
   Gpt<double, I, Sc> ref(cfg, 5);
   copy_parameters(host, ref);
@@ -128,6 +129,7 @@ void check_gradients() {
   const float got = dev.loss(batch.tokens, batch.targets, kB);
   const double loss_tol = is_bf16<T> ? bf16_tolerance() : 1e-4;
   INFO("variant ", host.config().attention, " steps ", host.config().steps, ", ", cuda::to_string(dev.precision()));
+  INFO("positions ", to_string(cfg.positions), ", rope order ", to_string(cfg.rope_order), ", window ", cfg.window);
   INFO("loss: device ", got, ", CPU (double) ", want);
   CHECK(std::abs(got - want) / std::abs(want) <= loss_tol);
 
@@ -466,6 +468,28 @@ TEST_CASE_TEMPLATE("cuda gpt: 10 AdamW steps follow the CPU; the CPU continues f
 TEST_CASE_TEMPLATE("cuda gpt: 10 AdamW steps follow the CPU; the CPU continues from the device state (bf16)", V,
                    COUPLEDQK_GPT_VARIANTS) {
   check_training<typename V::integrator, typename V::scoring, bf16>();
+}
+
+/// The tiny model with rotary positions (both orders, with and without a window), no positions,
+/// and learned positions with a window.
+std::vector<GptConfig> positions_configs() {
+  std::vector<GptConfig> out;
+  for (int which = 0; which < 4; ++which) {
+    GptConfig c = tiny_config();
+    c.positions = which == 3 ? GptPositions::none : which == 0 ? GptPositions::learned : GptPositions::rope;
+    c.rope_order = which == 2 ? RopeOrder::rotate_then_dynamics : RopeOrder::dynamics_then_rotate;
+    c.window = which == 1 ? 0 : 5 + which;  // 5: learned, 7: rope rotate-then-dynamics, 8: none
+    out.push_back(c);
+  }
+  return out;
+}
+
+TEST_CASE_TEMPLATE("cuda gpt: rope in both orders, no positions, windows: loss and every gradient match the CPU model",
+                   V, Variant<Identity, Softmax>, Variant<Leapfrog<1>, Softmax>, Variant<Leapfrog<1>, Differential>) {
+  for (const GptConfig& c : positions_configs()) {
+    check_gradients<typename V::integrator, typename V::scoring, float>(c);
+    check_gradients<typename V::integrator, typename V::scoring, bf16>(c);
+  }
 }
 
 TEST_CASE("cuda gpt: layout, workspace growth and errors") {

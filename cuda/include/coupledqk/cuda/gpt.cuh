@@ -1,6 +1,7 @@
 // The GPT of include/coupledqk/model/gpt.hpp on one CUDA device, and AdamW on the device.
 //
-//     x      = wte[tokens] + wpe[t]                         embedding kernel (kernels.cuh)
+//     x      = wte[tokens] + wpe[t]                         embedding kernel (kernels.cuh); without wpe
+//                                                           (positions rope or none) x = wte[tokens]
 //     block l:
 //       x   += attn_l(ln1_l(x))                             cuda::Attention<Integrator, Scoring, T>
 //       x   += proj_l(gelu(fc_l(ln2_l(x))))                 cuBLAS GEMMs + fused bias/GELU/residual kernels
@@ -69,6 +70,7 @@ struct GptOffsets {
           proj_b = 0;
   };
   Index wte = 0, wpe = 0, lnf_g = 0, lnf_b = 0;
+  bool has_wpe = false;  // learned positions (GptConfig::positions); rope and none have no wpe
   std::vector<Block> blocks;
 };
 
@@ -109,7 +111,7 @@ GptLayout gpt_layout(const GptConfig& config) {
         GptOffsets::Block* b = l >= 0 ? &out.offsets.blocks[static_cast<std::size_t>(l)] : nullptr;
         switch (id) {
           case GptTensor::wte: out.offsets.wte = at; break;
-          case GptTensor::wpe: out.offsets.wpe = at; break;
+          case GptTensor::wpe: out.offsets.wpe = at, out.offsets.has_wpe = true; break;
           case GptTensor::lnf_g: out.offsets.lnf_g = at; break;
           case GptTensor::lnf_b: out.offsets.lnf_b = at; break;
           case GptTensor::ln1_g: b->ln1_g = at; break;
@@ -434,7 +436,8 @@ class GptCore : public AnyGpt {
                                          static_cast<std::size_t>(N) * sizeof(std::int32_t), cudaMemcpyHostToDevice, s));
 
     // ---- forward
-    kernels::embedding_forward<T>(w.tokens.data(), P + o.wte, P + o.wpe, w.x[0].data(), N, seq, D, s);
+    kernels::embedding_forward<T>(w.tokens.data(), P + o.wte, o.has_wpe ? P + o.wpe : nullptr, w.x[0].data(), N, seq,
+                                  D, s);
     for (Index l = 0; l < L; ++l) {
       const auto& b = o.blocks[static_cast<std::size_t>(l)];
       const auto i = static_cast<std::size_t>(l);
@@ -509,7 +512,8 @@ class GptCore : public AnyGpt {
       kernels::layer_norm_backward<T>(w.x[i].data(), P + b.ln1_g, w.mean[2 * i].data(), w.rstd[2 * i].data(),
                                       w.dtmp.data(), w.dres.data(), true, G + b.ln1_g, G + b.ln1_b, part, N, D, s);
     }
-    kernels::embedding_backward(w.tokens.data(), w.dres.data(), G + o.wte, G + o.wpe, batch, seq, D, s);
+    kernels::embedding_backward(w.tokens.data(), w.dres.data(), G + o.wte, o.has_wpe ? G + o.wpe : nullptr, batch, seq,
+                                D, s);
   }
 
   Workspace ws_;
@@ -557,9 +561,6 @@ class Gpt final : public detail::GptCore<T> {
 
   static GptConfig named(GptConfig c, const std::string& name) {
     ::coupledqk::validate(c);
-    require(c.positions == GptPositions::learned && c.window == 0, "cuda gpt: positions '", to_string(c.positions),
-            "' with window ", c.window, " is not available on CUDA yet; the CUDA model takes learned positions "
-            "and no window (train this model on the CPU)");
     c.attention = variant_name<Integrator, Scoring>(name);
     if constexpr (Integrator::has_dynamics) c.steps = Integrator::steps;
     return c;

@@ -1,7 +1,8 @@
 // CUDA kernels of the GPT's non-attention layers and of the optimiser, the device counterparts of
 // include/coupledqk/autodiff/kernels.hpp, autodiff/ops.hpp (embedding) and optim/adamw.hpp:
 //
-//   embedding          x = wte[tok] + wpe[t]; backward: dwte[tok] += dx (atomics), dwpe[t] += sum_b dx
+//   embedding          x = wte[tok] + wpe[t] (x = wte[tok] without wpe: rotary or no positions);
+//                      backward: dwte[tok] += dx (atomics), dwpe[t] += sum_b dx
 //   LayerNorm          per row, biased variance, eps 1e-5; saves (mean, 1/std); backward dx (= or +=),
 //                      dg, db (+=) through fixed row-chunk partial sums (deterministic)
 //   GELU (tanh form)   fused with the fc bias in the forward; backward in place
@@ -94,7 +95,7 @@ __global__ void embedding_forward_kernel(const std::int32_t* __restrict__ tokens
   for (Index i = blockIdx.x * Index(blockDim.x) + threadIdx.x; i < n; i += Index(gridDim.x) * blockDim.x) {
     const Index r = i / D, c = i - r * D;
     const Index t = r % seq;
-    x[i] = from_float<T>(wte[Index(tokens[r]) * D + c] + wpe[t * D + c]);
+    x[i] = from_float<T>(wpe ? wte[Index(tokens[r]) * D + c] + wpe[t * D + c] : wte[Index(tokens[r]) * D + c]);
   }
 }
 
@@ -374,7 +375,7 @@ __global__ void sum_squares_partials_kernel(const float* __restrict__ g, Index n
 // ---- host wrappers ----------------------------------------------------------------------------------
 
 /// x[r, :] = wte[tokens[r], :] + wpe[r % seq, :]. tokens: N ids (device); wte [V, D], wpe [>= seq, D]
-/// float; x [N, D] written.
+/// float, or null (a model without learned positions: x = wte[tokens]); x [N, D] written.
 template <class T>
 void embedding_forward(const std::int32_t* tokens, const float* wte, const float* wpe, T* x, Index N, Index seq,
                        Index D, cudaStream_t s) {
@@ -383,14 +384,15 @@ void embedding_forward(const std::int32_t* tokens, const float* wte, const float
 }
 
 /// dwte[tokens[r], :] += dx[r, :] (atomics: the order of the additions varies); dwpe[t, :] += the
-/// sum over the batch of dx[(b, t), :] (fixed order). dx: [N = batch*seq, D] float.
+/// sum over the batch of dx[(b, t), :] (fixed order), unless dwpe is null. dx: [N = batch*seq, D] float.
 inline void embedding_backward(const std::int32_t* tokens, const float* dx, float* dwte, float* dwpe, Index batch,
                                Index seq, Index D, cudaStream_t s) {
   const Index N = batch * seq;
   if (N * D == 0) return;
   launch(detail::embedding_backward_tokens_kernel<>, detail::blocks_for(N * D), 256, 0, s, tokens, dx, dwte, N, D);
-  launch(detail::embedding_backward_positions_kernel<>, detail::blocks_for(seq * D), 256, 0, s, dx, dwpe, batch, seq,
-         D);
+  if (dwpe)
+    launch(detail::embedding_backward_positions_kernel<>, detail::blocks_for(seq * D), 256, 0, s, dx, dwpe, batch,
+           seq, D);
 }
 
 /// y = LayerNorm(x) g + b per row; mean, rstd: [N] written (may be null together).
