@@ -423,6 +423,50 @@ TEST_CASE("masks and sequences: DeviceScoring<Differential> matches the CPU refe
   check_masked_all<coupledqk::Differential, bf16>();
 }
 
+// A window skips the key tiles none of a query tile's rows reach: with T = 150 and w = 20 the last
+// query tile (rows 128..149) starts reading at key 109, so key tile 0 (rows 0..63) is never loaded
+// for it, in the forward and in dQ. NaN there leaves those rows finite (a visited tile would spread
+// it: its masked entries still multiply V by 0), while the rows that do read tile 0 turn NaN.
+template <class T>
+void check_window_skips_tiles(bool causal) {
+  using DS = cq::DeviceScoring<coupledqk::Softmax>;
+  const Shape s{1, 150, 2, 32};
+  const Index D = s.heads * s.head_dim, R = s.seq;
+  const std::size_t un = static_cast<std::size_t>(R * D);
+  INFO(std::string(type_name<T>()), causal ? " causal" : " bidirectional", ", window 20");
+  std::vector<float> qh = ct::random_vector(un, 71), kh = ct::random_vector(un, 72), vh = ct::random_vector(un, 73);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(64 * D); ++i) kh[i] = vh[i] = NAN;
+  DeviceBuffer<T> q = ct::to_device<T>(qh), k = ct::to_device<T>(kh), v = ct::to_device<T>(vh);
+  DeviceBuffer<float> d_o = ct::to_device<float>(ct::random_vector(un, 74)), dummy = ct::to_device<float>({0.0f});
+  cq::ScoringDims dims{1, s.seq, s.heads, s.head_dim, 0};
+  dims.mask.causal = causal;
+  dims.mask.window = 20;
+  typename DS::template Saved<T> saved;
+  DeviceBuffer<T> o = ct::poisoned<T>(un);
+  DS::template forward<T>(dims, nullptr, q.data(), k.data(), v.data(), o.data(), &saved, nullptr);
+  DeviceBuffer<float> dq = ct::poisoned<float>(un), dk = ct::poisoned<float>(un), dv = ct::poisoned<float>(un);
+  DS::template backward<T>(dims, nullptr, q.data(), k.data(), v.data(), o.data(), saved, d_o.data(), dq.data(),
+                           dk.data(), dv.data(), dummy.data(), nullptr);
+  COUPLEDQK_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> oh = ct::to_host(o), dqh = ct::to_host(dq);
+  bool last_tile_finite = true, first_tile_nan = false;
+  for (Index r = 0; r < R; ++r)
+    for (Index c = 0; c < D; ++c) {
+      const std::size_t i = static_cast<std::size_t>(r * D + c);
+      if (r >= 128 && !(std::isfinite(oh[i]) && std::isfinite(dqh[i]))) last_tile_finite = false;
+      if (r < 64 && std::isnan(oh[i])) first_tile_nan = true;
+    }
+  CHECK(last_tile_finite);
+  CHECK(first_tile_nan);
+}
+
+TEST_CASE("masks: a window skips the key tiles its query tile does not reach (forward and dQ)") {
+  for (bool causal : {true, false}) {
+    check_window_skips_tiles<float>(causal);
+    check_window_skips_tiles<bf16>(causal);
+  }
+}
+
 // ---- the flash kernels on their own: uneven widths, padded strides, lse -----------------------------------
 
 using Kernels = cq::flash_detail::Kernels;
