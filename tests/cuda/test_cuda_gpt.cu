@@ -129,7 +129,8 @@ void check_gradients(const GptConfig& cfg = tiny_config()) {
   const float got = dev.loss(batch.tokens, batch.targets, kB);
   const double loss_tol = is_bf16<T> ? bf16_tolerance() : 1e-4;
   INFO("variant ", host.config().attention, " steps ", host.config().steps, ", ", cuda::to_string(dev.precision()));
-  INFO("positions ", to_string(cfg.positions), ", rope order ", to_string(cfg.rope_order), ", window ", cfg.window);
+  INFO("positions ", std::string(to_string(cfg.positions)), ", rope order ", std::string(to_string(cfg.rope_order)),
+       ", window ", cfg.window);
   INFO("loss: device ", got, ", CPU (double) ", want);
   CHECK(std::abs(got - want) / std::abs(want) <= loss_tol);
 
