@@ -67,10 +67,6 @@ class Rope {
   Index positions() const { return positions_; }
   Index first() const { return first_; }
   double base() const { return base_; }
-  /// The tables, [positions, d/2] row-major: row j holds cos and sin of (first + j) w_i (a device
-  /// copy uploads them, cuda/include/coupledqk/cuda/rope.cuh).
-  const Matrix<S>& cos_table() const { return cos_; }
-  const Matrix<S>& sin_table() const { return sin_; }
 
   /// Rotates every head of x [rows, H*d] in place, row r at position first + r % seq (rows ordered
   /// (b, t) of sequences of length seq); inverse: by the opposite angles (the backward of the rotation).

@@ -72,9 +72,23 @@ class DeviceRope {
   /// Throws coupledqk::invalid_argument as coupledqk::Rope does (odd width, base <= 1, ...).
   void prepare(Index head_dim, Index positions, double base, cudaStream_t stream) {
     if (head_dim == d_ && positions == positions_ && base == base_) return;
+    // The CPU rotation's own tables, read through its public rotate(): a head of ones in its first
+    // half and zeros in its second turns at position p into (cos p w_i, sin p w_i), exactly
+    // (1 c - 0 s = c, 0 c + 1 s = s), so the device uses the same rounded values without a second
+    // copy of the formula.
     const Rope<float> rope(head_dim, positions, base);
-    host_cos_.assign(rope.cos_table().data(), rope.cos_table().data() + rope.cos_table().size());
-    host_sin_.assign(rope.sin_table().data(), rope.sin_table().data() + rope.sin_table().size());
+    const Index half = head_dim / 2;
+    Matrix<float> unit(positions, head_dim);
+    unit.leftCols(half).setOnes();
+    unit.rightCols(half).setZero();
+    rope.rotate(unit, positions);
+    host_cos_.resize(static_cast<std::size_t>(positions * half));
+    host_sin_.resize(static_cast<std::size_t>(positions * half));
+    for (Index p = 0; p < positions; ++p)
+      for (Index i = 0; i < half; ++i) {
+        host_cos_[static_cast<std::size_t>(p * half + i)] = unit(p, i);
+        host_sin_[static_cast<std::size_t>(p * half + i)] = unit(p, half + i);
+      }
     cos_.reserve(host_cos_.size());
     sin_.reserve(host_sin_.size());
     // from pageable memory: returns once the host copy is staged (stream-ordered after earlier readers)
