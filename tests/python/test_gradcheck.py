@@ -38,8 +38,15 @@ def check(variant, steps, memory="store"):
     assert torch.equal(layer(x), f(x, *params))
 
 
+VELOCITY_FAMILY = ("drift", "newton-euler", "newton-leapfrog", "unit-leapfrog")
+
+
 def test_every_variant_steps_1_and_3():
-    for variant in coupledqk.variants():
+    names = coupledqk.variants()
+    # the velocity family of spec 3c, in both scorings, is among them (so checked below)
+    for name in VELOCITY_FAMILY:
+        assert name in names and "diff-" + name in names, (name, names)
+    for variant in names:
         for steps in (1, 3):
             check(variant, steps)
 
@@ -77,6 +84,26 @@ def test_reused_buffers_change_nothing():
             (y.sum() * 2 if i == 1 else y.square().sum()).backward()
             assert torch.equal(grads[i], x2.grad), (variant, i)
         assert all(torch.equal(last[n], p.grad) for n, p in fresh.named_parameters()), variant
+
+
+def test_velocity_family_tensor_names():
+    # state_dict keys are the library's tensor names, and the dynamics' are those of spec 3c
+    dyn = {"drift": {"dyn.rho"},
+           "newton-euler": {"dyn.F1", "dyn.f1", "dyn.F2", "dyn.f2", "dyn.rho"},
+           "newton-leapfrog": {"dyn.F1", "dyn.f1", "dyn.F2", "dyn.f2", "dyn.rho"},
+           "unit-leapfrog": {"dyn.W", "dyn.b", "dyn.a", "dyn.rho"}}
+    for name, expected in dyn.items():
+        for scoring, extra in (("", set()), ("diff-", {"lq1", "lk1", "lq2", "lk2", "subln"})):
+            layer = coupledqk.CoupledAttention(8, 2, scoring + name, 1, hidden=4, dtype=torch.float64)
+            keys = set(layer.state_dict().keys())
+            assert keys == {"wq", "wk", "wv", "wo"} | expected | extra, (scoring + name, sorted(keys))
+            assert keys == set(layer.parameter_names()), (scoring + name, layer.parameter_names())
+            m, d = 4, 4
+            shapes = {k: tuple(v.shape) for k, v in layer.state_dict().items()}
+            if "dyn.F1" in expected:
+                assert shapes["dyn.F1"] == (m, d) and shapes["dyn.F2"] == (d, m), shapes
+                assert shapes["dyn.f1"] == (m,) and shapes["dyn.f2"] == (d,), shapes
+            assert shapes["dyn.rho"] == (2,), shapes  # one integration time per q/k pair of a token
 
 
 def test_gradcheck_can_fail():
