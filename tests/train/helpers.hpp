@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -102,6 +103,16 @@ inline TrainOptions tiny_options(const std::string& corpus, const std::string& c
   o.threads = 1;
   o.progress = ProgressMode::off;
   return o;
+}
+
+/// Every tensor of a checkpoint whose name starts with `prefix`, as raw bytes (for bit-for-bit
+/// comparisons of two checkpoints).
+inline std::vector<std::pair<std::string, std::vector<unsigned char>>> checkpoint_tensors(const std::string& path,
+                                                                                          const std::string& prefix) {
+  std::vector<std::pair<std::string, std::vector<unsigned char>>> out;
+  for (const auto& t : io::read(path).tensors)
+    if (t.name.rfind(prefix, 0) == 0) out.emplace_back(t.name, t.bytes);
+  return out;
 }
 
 /// The corpus and its prepared data, built once per test binary.

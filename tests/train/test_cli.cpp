@@ -104,15 +104,6 @@ TEST_CASE("coupledqk-train: train, refuse to overwrite, resume, mismatch, genera
   CHECK(read_file(dir.path / "notes.txt") == "just some text, not a checkpoint at all\n");
 }
 
-/// Every tensor of a checkpoint whose name starts with `prefix`, as raw bytes.
-std::vector<std::pair<std::string, std::vector<unsigned char>>> checkpoint_tensors(const std::string& path,
-                                                                                   const std::string& prefix) {
-  std::vector<std::pair<std::string, std::vector<unsigned char>>> out;
-  for (const auto& t : io::read(path).tensors)
-    if (t.name.rfind(prefix, 0) == 0) out.emplace_back(t.name, t.bytes);
-  return out;
-}
-
 TEST_CASE("coupledqk-train: every name of the variant table trains, stops, resumes bit for bit and generates") {
   // The table is the list (the velocity family of spec 3c included): a new entry is covered here
   // without editing this test. Dynamics far from their initial map (--dynamics-init-scale 0.2),

@@ -23,15 +23,6 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   return out;
 }
 
-/// Every tensor of a checkpoint whose name starts with `prefix`, as raw bytes.
-std::vector<std::pair<std::string, std::vector<unsigned char>>> tensors(const std::string& path,
-                                                                        const std::string& prefix) {
-  std::vector<std::pair<std::string, std::vector<unsigned char>>> out;
-  for (const auto& t : io::read(path).tensors)
-    if (t.name.rfind(prefix, 0) == 0) out.emplace_back(t.name, t.bytes);
-  return out;
-}
-
 TrainOptions leapfrog_options(const std::string& checkpoint = "") {
   TinyData& d = tiny_data();
   TrainOptions o = tiny_options(d.corpus, d.cache);
@@ -161,11 +152,11 @@ TEST_CASE("checkpoint round trip: metadata, model, optimiser state and tokenizer
   CHECK(opt.steps_done() == 10);
   const std::string tmp = dir / "rewritten.safetensors";
   write_checkpoint(tmp, *model, opt, tokenizer_bytes(c), i);
-  CHECK(tensors(tmp, "model.") == tensors(path, "model."));
-  CHECK(tensors(tmp, "opt.") == tensors(path, "opt."));
-  CHECK(tensors(tmp, "tokenizer.") == tensors(path, "tokenizer."));
-  CHECK(tensors(path, "model.").size() == model->parameters().size());
-  CHECK(tensors(path, "opt.").size() == 2 * model->parameters().size() + 1);
+  CHECK(checkpoint_tensors(tmp, "model.") == checkpoint_tensors(path, "model."));
+  CHECK(checkpoint_tensors(tmp, "opt.") == checkpoint_tensors(path, "opt."));
+  CHECK(checkpoint_tensors(tmp, "tokenizer.") == checkpoint_tensors(path, "tokenizer."));
+  CHECK(checkpoint_tensors(path, "model.").size() == model->parameters().size());
+  CHECK(checkpoint_tensors(path, "opt.").size() == 2 * model->parameters().size() + 1);
   // the embedded tokenizer is the one trained for the run
   CHECK(tokenizer_bytes(c) == tiny_data().data.tokenizer_bytes);
   const Tokenizer tok = load_tokenizer(c);
@@ -206,8 +197,8 @@ TEST_CASE("stopped, then resumed from the checkpoint == uninterrupted, bit for b
     CHECK(b2.curve[i].loss == a.curve[i].loss);
   }
   // the final parameters and optimiser state are identical
-  CHECK(tensors(dir / "part.safetensors", "model.") == tensors(dir / "full.safetensors", "model."));
-  CHECK(tensors(dir / "part.safetensors", "opt.") == tensors(dir / "full.safetensors", "opt."));
+  CHECK(checkpoint_tensors(dir / "part.safetensors", "model.") == checkpoint_tensors(dir / "full.safetensors", "model."));
+  CHECK(checkpoint_tensors(dir / "part.safetensors", "opt.") == checkpoint_tensors(dir / "full.safetensors", "opt."));
   // the resumed run appended to the metrics: 24 step lines in all
   int steps = 0;
   for (const auto& j : read_jsonl(dir / "part.jsonl")) steps += j["type"] == "step";
@@ -216,7 +207,7 @@ TEST_CASE("stopped, then resumed from the checkpoint == uninterrupted, bit for b
   const TrainResult b3 = run(part);
   CHECK(b3.losses.empty());
   CHECK(b3.valid_loss == a.valid_loss);
-  CHECK(tensors(dir / "part.safetensors", "model.") == tensors(dir / "full.safetensors", "model."));
+  CHECK(checkpoint_tensors(dir / "part.safetensors", "model.") == checkpoint_tensors(dir / "full.safetensors", "model."));
 }
 
 TEST_CASE("rotary positions and a window: trained, recorded in the checkpoint, resumed bit for bit") {
@@ -243,7 +234,7 @@ TEST_CASE("rotary positions and a window: trained, recorded in the checkpoint, r
   const auto meta = nlohmann::json::parse(*io::read(dir / "part.safetensors").find_meta("coupledqk"));
   CHECK(meta["version"] == 2);  // earlier readers refuse it by version instead of missing wpe
   CHECK(meta["model"]["positions"] == "rope");
-  CHECK(tensors(dir / "part.safetensors", "model.wpe").empty());
+  CHECK(checkpoint_tensors(dir / "part.safetensors", "model.wpe").empty());
   CHECK(load_model(c)->config().positions == GptPositions::rope);
   // the flags must match the checkpoint's positions and window
   TrainOptions wrong = part;
@@ -258,7 +249,7 @@ TEST_CASE("rotary positions and a window: trained, recorded in the checkpoint, r
   part.resume = true;
   const TrainResult resumed = run(part);
   CHECK(resumed.valid_loss == full.valid_loss);
-  CHECK(tensors(dir / "part.safetensors", "model.") == tensors(dir / "full.safetensors", "model."));
+  CHECK(checkpoint_tensors(dir / "part.safetensors", "model.") == checkpoint_tensors(dir / "full.safetensors", "model."));
   // a default model still writes version 1, which earlier builds read
   TrainOptions plain = leapfrog_options(dir / "plain.safetensors");
   plain.stop_after_steps = 2;
