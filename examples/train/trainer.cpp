@@ -414,9 +414,6 @@ void validate(const TrainOptions& o) {
         "--positions rope needs an even head width --dim / --heads; got " + s(o.dim) + " / " + s(o.heads) + " = " +
             s(o.heads > 0 ? o.dim / o.heads : 0));
   check(o.window >= 0, "--window must be >= 0 (0: no window); got " + s(o.window));
-  check(o.device != "cuda" || (o.positions == "learned" && o.window == 0),
-        "--device cuda trains learned positions without a window only; got --positions " + o.positions +
-            " --window " + s(o.window) + " (use --device cpu)");
   check(o.device == "cpu" || o.device == "cuda", "--device '" + o.device + "' is not one of: cpu, cuda");
   check(o.precision == "f32" || o.precision == "bf16",
         "--precision '" + o.precision + "' is not one of: f32, bf16");

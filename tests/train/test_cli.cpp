@@ -289,6 +289,53 @@ TEST_CASE("coupledqk-train: --device and --precision; without CUDA (support or d
   CHECK(c.info.device == "cuda");
   CHECK(c.info.precision == "bf16");
   CHECK(c.info.state.step == c.info.run.total_steps);
+
+  // Rotary positions (both orders), no positions and a window train on the device as on the CPU:
+  // the same run on both, every validation point of the curve within float round-off (f32), the
+  // device checkpoint records the settings, holds no wpe, and resumes on the CPU.
+  struct Setting {
+    const char* flags;
+    const char* attention;
+  };
+  for (const Setting& s : {Setting{"--positions rope --window 9", "leapfrog"},
+                           Setting{"--positions rope --rope-order rotate-then-dynamics", "diff-leapfrog"},
+                           Setting{"--positions none --window 5", "standard"}}) {
+    CAPTURE(s.flags);
+    CAPTURE(s.attention);
+    const std::string on_dev = dir / "rope-dev.safetensors", on_cpu = dir / "rope-cpu.safetensors";
+    fs::remove(on_dev);
+    fs::remove(on_cpu);
+    const std::string f = tiny_flags(d) + " --attention " + s.attention + " " + s.flags;
+    r = run_tool(dir, COUPLEDQK_TRAIN_BIN, f + " --device cuda --checkpoint '" + on_dev + "'");
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    r = run_tool(dir, COUPLEDQK_TRAIN_BIN, f + " --checkpoint '" + on_cpu + "'");
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    const Checkpoint dev = read_checkpoint(on_dev), cpu = read_checkpoint(on_cpu);
+    CHECK(dev.info.device == "cuda");
+    CHECK(dev.info.run.model.positions == cpu.info.run.model.positions);
+    CHECK(dev.info.run.model.rope_order == cpu.info.run.model.rope_order);
+    CHECK(dev.info.run.model.window == cpu.info.run.model.window);
+    CHECK(dev.info.run.model.positions != GptPositions::learned);
+    CHECK(!dev.file.contains("model.wpe"));
+    REQUIRE(dev.info.state.curve.size() == cpu.info.state.curve.size());
+    REQUIRE(dev.info.state.curve.size() >= 2);
+    for (std::size_t i = 0; i < dev.info.state.curve.size(); ++i) {
+      CAPTURE(i);
+      CHECK(dev.info.state.curve[i].step == cpu.info.state.curve[i].step);
+      CHECK(std::abs(dev.info.state.curve[i].loss - cpu.info.state.curve[i].loss) <=
+            2e-3 * std::abs(cpu.info.state.curve[i].loss));
+    }
+    // the device's checkpoint continues on the CPU (a run of 16 steps stopped at 5 on the device)
+    fs::remove(on_dev);
+    r = run_tool(dir, COUPLEDQK_TRAIN_BIN, f + " --device cuda --stop-after-steps 5 --checkpoint '" + on_dev + "'");
+    REQUIRE(r.status == 0);
+    r = run_tool(dir, COUPLEDQK_TRAIN_BIN, f + " --resume --checkpoint '" + on_dev + "'");
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    CHECK(contains(r.out, "test perplexity"));
+  }
 }
 
 // ---- issue 14: hostile files and bad flags --------------------------------------------------------

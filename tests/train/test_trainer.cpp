@@ -334,8 +334,6 @@ TEST_CASE("bad options: unknown variant, impossible sizes, budgets, flag combina
   CHECK(contains(bad([](TrainOptions& o) { o.window = -2; }), "--window must be >= 0 (0: no window); got -2"));
   CHECK(contains(bad([](TrainOptions& o) { o.positions = "rope"; o.dim = 36; o.heads = 12; }),
                  "--positions rope needs an even head width --dim / --heads; got 36 / 12 = 3"));
-  CHECK(contains(bad([](TrainOptions& o) { o.positions = "rope"; o.device = "cuda"; }),
-                 "--device cuda trains learned positions without a window only"));
   // the vocabulary must match the prepared data
   CHECK(contains(bad([](TrainOptions& o) { o.vocab = 512; }), "the tokenizer has 400 pieces but --vocab is 512"));
 }
