@@ -297,9 +297,10 @@ TEST_CASE("coupledqk-train: --device and --precision; without CUDA (support or d
     const char* flags;
     const char* attention;
   };
-  for (const Setting& s : {Setting{"--positions rope --window 9", "leapfrog"},
-                           Setting{"--positions rope --rope-order rotate-then-dynamics", "diff-leapfrog"},
-                           Setting{"--positions none --window 5", "standard"}}) {
+  const Setting settings[] = {Setting{"--positions rope --window 9", "leapfrog"},
+                              Setting{"--positions rope --rope-order rotate-then-dynamics", "diff-leapfrog"},
+                              Setting{"--positions none --window 5", "standard"}};
+  for (const Setting& s : settings) {
     CAPTURE(s.flags);
     CAPTURE(s.attention);
     const std::string on_dev = dir / "rope-dev.safetensors", on_cpu = dir / "rope-cpu.safetensors";
@@ -327,7 +328,9 @@ TEST_CASE("coupledqk-train: --device and --precision; without CUDA (support or d
       CHECK(std::abs(dev.info.state.curve[i].loss - cpu.info.state.curve[i].loss) <=
             2e-3 * std::abs(cpu.info.state.curve[i].loss));
     }
-    // the device's checkpoint continues on the CPU (a run of 16 steps stopped at 5 on the device)
+    // the device's checkpoint continues on the CPU (a run of 16 steps stopped at 5 on the device;
+    // the first setting only: the emulator is slow)
+    if (&s != &settings[0]) continue;
     fs::remove(on_dev);
     r = run_tool(dir, COUPLEDQK_TRAIN_BIN, f + " --device cuda --stop-after-steps 5 --checkpoint '" + on_dev + "'");
     REQUIRE(r.status == 0);
