@@ -25,12 +25,15 @@
 
 #include "distributed.hpp"
 #include "gnuplot.hpp"
+#include "statistics.hpp"
 #include "trainer.hpp"
 #include "variant_spec.hpp"
 
 namespace ct = coupledqk::train;
 namespace fs = std::filesystem;
 using ct::cpu_model;
+using ct::Estimate;
+using ct::mean_ci;
 using ct::file_safe;
 using ct::shell_quote;
 using coupledqk::Index;
@@ -78,35 +81,22 @@ std::string with_commas(long long v) {
   return (v < 0 ? "-" : "") + out;
 }
 
-/// Mean and spread of a few values: the sample standard deviation for 3 or more, min and max for 2.
-struct Stat {
-  double mean = 0, lo = 0, hi = 0, sd = 0;
-  std::size_t n = 0;
-};
-Stat stat(const std::vector<double>& v) {
-  Stat s;
-  s.n = v.size();
-  if (v.empty()) return s;
-  for (double x : v) s.mean += x;
-  s.mean /= static_cast<double>(v.size());
-  s.lo = *std::min_element(v.begin(), v.end());
-  s.hi = *std::max_element(v.begin(), v.end());
-  if (v.size() > 1) {
-    double q = 0;
-    for (double x : v) q += (x - s.mean) * (x - s.mean);
-    s.sd = std::sqrt(q / static_cast<double>(v.size() - 1));
-  }
-  return s;
+/// A perplexity over seeds: the mean, with the sample standard deviation for 2 or more seeds.
+std::string show_ppl(const Estimate& e) {
+  if (e.n < 2) return fmt("%.2f", e.mean);
+  return fmt("%.2f", e.mean) + " ± " + fmt("%.2f", e.sd);
 }
-std::string show(const Stat& s) {
-  if (s.n == 1) return fmt("%.2f", s.mean);
-  if (s.n == 2) return fmt("%.2f", s.mean) + " (" + fmt("%.2f", s.lo) + "-" + fmt("%.2f", s.hi) + ")";
-  return fmt("%.2f", s.mean) + " ± " + fmt("%.2f", s.sd);
+/// A paired change over seeds: the mean, with its 95% t interval for 2 or more seeds (the study's
+/// statistics, statistics.hpp).
+std::string show_change(const Estimate& e) {
+  if (e.n < 2) return fmt("%+.2f%%", e.mean);
+  return fmt("%+.2f%%", e.mean) + " [" + fmt("%+.2f", e.lo) + ", " + fmt("%+.2f", e.hi) + "]";
 }
 std::string spread_note(std::size_t seeds) {
   if (seeds == 1) return "one seed: no spread";
-  if (seeds == 2) return "mean over 2 seeds, (min-max) in brackets";
-  return "mean ± sample standard deviation over " + std::to_string(seeds) + " seeds";
+  return "perplexities: mean ± sample standard deviation over " + std::to_string(seeds) +
+         " seeds; changes: mean [95% t interval] of the per-seed changes" +
+         (seeds == 2 ? " (2 seeds: the interval is wide by construction)" : "");
 }
 
 /// Valid perplexity of the unigram model with the training split's counts (add-one smoothing):
@@ -253,7 +243,7 @@ int main(int argc, char** argv) {
     auto ppl_stat = [](const Row& r, bool test) {
       std::vector<double> v;
       for (const auto& x : r.runs) v.push_back(test ? x.test_ppl : x.valid_ppl);
-      return stat(v);
+      return mean_ci(v);
     };
     // Changes are paired by seed: with the same seed, every variant starts from the same weights
     // (the dynamics' own parameters aside) and sees the same batches.
@@ -264,10 +254,7 @@ int main(int argc, char** argv) {
         const double b = test ? ref->runs[s].test_ppl : ref->runs[s].valid_ppl;
         d.push_back(100 * (a - b) / b);
       }
-      const Stat st = stat(d);
-      if (st.n == 1) return fmt("%+.2f%%", st.mean);
-      if (st.n == 2) return fmt("%+.2f%%", st.mean) + " (" + fmt("%+.2f", st.lo) + " to " + fmt("%+.2f", st.hi) + ")";
-      return fmt("%+.2f%%", st.mean) + " ± " + fmt("%.2f", st.sd);
+      return show_change(mean_ci(d));
     };
     struct Line {
       std::vector<std::string> cells;
@@ -277,14 +264,14 @@ int main(int argc, char** argv) {
                                           "tokens/s"};
     std::vector<Line> lines;
     for (const Row& r : rows) {
-      const Stat v = ppl_stat(r, false), t = ppl_stat(r, true);
+      const Estimate v = ppl_stat(r, false), t = ppl_stat(r, true);
       std::vector<double> tps;
       for (const auto& x : r.runs) tps.push_back(x.tokens_per_s);
       const auto& p = r.runs.front().params;
       const bool is_ref = &r == ref;
-      lines.push_back(Line{{r.variant.label, with_commas(p.total), fmt("%.2f%%", p.dynamics_percent), show(v), show(t),
+      lines.push_back(Line{{r.variant.label, with_commas(p.total), fmt("%.2f%%", p.dynamics_percent), show_ppl(v), show_ppl(t),
                             is_ref ? "ref" : change(r, false), is_ref ? "ref" : change(r, true),
-                            with_commas(std::llround(stat(tps).mean))}});
+                            with_commas(std::llround(mean_ci(tps).mean))}});
     }
     std::vector<std::size_t> width(header.size());
     auto utf8_len = [](const std::string& s) {

@@ -1,4 +1,4 @@
-// libFuzzer target: coupledqk-study's plan reader (examples/train/study.cpp) -- the bounded JSON
+// libFuzzer target: coupledqk-study's plan reader (examples/train/study/plan.cpp) -- the bounded JSON
 // reader (depth, size, duplicate keys), every key and flag of a plan checked by the CLI's rules, the
 // runs resolved and the claims' arms looked up. Any input must pass or raise
 // coupledqk::invalid_argument / coupledqk::io_error; a plan that passes names only names.

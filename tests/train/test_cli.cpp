@@ -182,7 +182,10 @@ TEST_CASE("coupledqk-compare: table, Markdown report, curves and plot") {
   CHECK(contains(r.out, "variant"));
   CHECK(contains(r.out, "leapfrog:2"));
   CHECK(contains(r.out, "valid vs standard"));
-  CHECK(contains(r.out, "(min-max)"));
+  // the study's statistics: perplexities mean ± sd, paired changes with their 95% t interval
+  CHECK(contains(r.out, "changes: mean [95% t interval] of the per-seed changes"));
+  CHECK(contains(r.out, " ± "));
+  CHECK(contains(r.out, "% ["));
   const std::string md = read_file(fs::path(out) / "compare.md");
   CHECK(contains(md, "| variant | parameters | dynamics | valid ppl | test ppl |"));
   CHECK(contains(md, "| standard |"));

@@ -1,4 +1,6 @@
-// coupledqk-study report: the markdown report, its JSON numbers and its plots (study.hpp).
+// coupledqk-study report: the markdown report, its JSON numbers and its plots (study/report.hpp).
+#include "report.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +18,6 @@
 #include <nlohmann/json.hpp>
 
 #include "gnuplot.hpp"
-#include "study.hpp"
 
 namespace coupledqk::train::study {
 

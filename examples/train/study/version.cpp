@@ -1,6 +1,6 @@
-// The code version stored in study results (study.hpp): its own translation unit, so that a new
+// The code version stored in study results (study/store.hpp): its own translation unit, so that a new
 // commit recompiles only this file. The header is generated at every build (cmake/code_version.cmake).
-#include "study.hpp"
+#include "store.hpp"
 
 #if __has_include("coupledqk_code_version.hpp")
 #include "coupledqk_code_version.hpp"
