@@ -55,7 +55,7 @@ def main():
         sys.exit(f"masks_side_by_side: {binary} is not built (cmake --build {args.build} --target coupledqk-bench)")
     core, core_how = openblas.use_proper_kernels()
     load_before = side_by_side.load_average()
-    peak = openblas.sgemm_gflops(2048, args.threads, 3.0)
+    peak = openblas.sgemm_gflops(2048, args.threads, 3.0)["gflops"]
     cases = LONG + LAYOUTS
     ours, info, cmd = side_by_side.run_bench(binary, args.threads, "^mask/", args.min_time, peak)
     torch_cases = [f"{v}:1:{B}:{T}:{D}:{k}" for v in VARIANTS for k, B, T in cases]
