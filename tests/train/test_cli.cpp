@@ -51,6 +51,18 @@ std::string tiny_flags(const TinyData& d) {
          "--eval-every 8 --eval-tokens 256 --threads 1 --progress lines";
 }
 
+/// `coupledqk-train generate` from `ckpt` (prompt 'Kalo', seed 3, one thread): it must succeed and
+/// continue the prompt.
+Ran generate_kalo(const TempDir& dir, const std::string& ckpt, int tokens) {
+  Ran r = run_tool(dir, COUPLEDQK_TRAIN_BIN, "generate --checkpoint '" + ckpt + "' --prompt 'Kalo' --tokens " +
+                                                 std::to_string(tokens) + " --seed 3 --no-stop --threads 1");
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  CHECK(r.out.rfind("Kalo", 0) == 0);
+  CHECK(r.out.size() > 8);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("coupledqk-train: train, refuse to overwrite, resume, mismatch, generate") {
@@ -85,12 +97,7 @@ TEST_CASE("coupledqk-train: train, refuse to overwrite, resume, mismatch, genera
   CHECK(contains(r.out, "test perplexity"));
   CHECK(contains(read_file(dir / "m.jsonl"), "\"type\":\"summary\""));
 
-  r = run_tool(dir, COUPLEDQK_TRAIN_BIN,
-               "generate --checkpoint '" + ckpt + "' --prompt 'Kalo' --tokens 12 --seed 3 --no-stop --threads 1");
-  INFO(r.err);
-  REQUIRE(r.status == 0);
-  CHECK(r.out.rfind("Kalo", 0) == 0);
-  CHECK(r.out.size() > 8);
+  r = generate_kalo(dir, ckpt, 12);
   const std::string first = r.out;
   r = run_tool(dir, COUPLEDQK_TRAIN_BIN,
                "generate --checkpoint '" + ckpt + "' --prompt 'Kalo' --tokens 12 --seed 3 --no-stop --threads 1");
@@ -136,12 +143,7 @@ TEST_CASE("coupledqk-train: every name of the variant table trains, stops, resum
       for (const auto& [tensor, bytes] : model) rho = rho || contains(tensor, ".dyn.rho");
       CHECK(rho);
     }
-    r = run_tool(dir, COUPLEDQK_TRAIN_BIN,
-                 "generate --checkpoint '" + part + "' --prompt 'Kalo' --tokens 10 --seed 3 --no-stop --threads 1");
-    INFO(r.err);
-    REQUIRE(r.status == 0);
-    CHECK(r.out.rfind("Kalo", 0) == 0);
-    CHECK(r.out.size() > 8);
+    generate_kalo(dir, part, 10);
   }
 }
 

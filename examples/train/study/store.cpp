@@ -37,7 +37,6 @@ namespace {
 /// Limits of the JSON the study reads (json_read.hpp): a result holds a curve of a few hundred points.
 constexpr io::json_limits result_limits{16u << 20, 8};
 
-std::string shown(const json& v) { return io::json_excerpt(v); }
 
 }  // namespace
 
@@ -120,7 +119,7 @@ struct ResultReader {
   const std::string& source;
   [[noreturn]] void fail(const std::string& key, const std::string& expected, const json* v) const {
     throw io_error("result '" + source + "' is malformed: \"" + key + "\" " +
-                   (v ? "is " + shown(*v) : std::string("is missing")) + "; expected " + expected);
+                   (v ? "is " + io::json_excerpt(*v) : std::string("is missing")) + "; expected " + expected);
   }
   const json& at(const json& j, const char* key) const {
     if (!j.is_object() || !j.contains(key)) fail(key, "a field of that name", nullptr);
@@ -164,7 +163,7 @@ RunResult result_from_json(const std::string& text, const std::string& source) {
     throw io_error("result '" + source + "' is not a coupledqk-study result (no \"format\": \"coupledqk-study-result\")");
   const ResultReader f{source};
   if (!f.at(j, "version").is_number_integer() || f.at(j, "version").get<long long>() != 1)
-    throw io_error("result '" + source + "' has format version " + shown(j.at("version")) + "; this build reads 1");
+    throw io_error("result '" + source + "' has format version " + io::json_excerpt(j.at("version")) + "; this build reads 1");
   if (j.contains("diverged_at")) {
     r.diverged_at = f.count<Index>(j, "diverged_at");
     if (r.diverged_at == 0) f.fail("diverged_at", "the step the loss was not finite (>= 1), or no such field", &j.at("diverged_at"));
