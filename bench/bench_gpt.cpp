@@ -3,7 +3,7 @@
 //     coupledqk-bench --threads 2 --benchmark_filter=^gpt/
 //
 // Names: gpt/<variant>/<steps>/step/V<V>/D<D>/L<L>/H<H>/T<T>/B<B>. One iteration is one training
-// step exactly as examples/train/trainer.cpp takes it: model.zero_grad(), model.loss() (forward and
+// step exactly as the trainer's CPU backend (examples/train/trainer/backend.cpp) takes it: model.zero_grad(), model.loss() (forward and
 // backward on a tape reused from step to step) and one AdamW update (clipping, decay, schedule).
 // One step runs before timing (it sizes every buffer). Shapes:
 //   - the main job's (coupledqk-compare; examples/train/trainer.hpp Defaults, vocabulary 4096):

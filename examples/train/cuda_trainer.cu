@@ -1,4 +1,4 @@
-// The CUDA DeviceTrainer (device.hpp): coupledqk::cuda::Gpt and coupledqk::cuda::AdamW behind the
+// The CUDA Backend (trainer/backend.hpp): coupledqk::cuda::Gpt and coupledqk::cuda::AdamW behind the
 // trainer's device interface. The one translation unit that compiles the registry's device models
 // (every variant of the table x 2 precisions, through cuda::make_gpt).
 #include <cuda_runtime.h>
@@ -14,7 +14,7 @@
 #include <nccl.h>
 #endif
 
-#include "device.hpp"
+#include "trainer/backend.hpp"
 
 namespace coupledqk::train {
 
@@ -46,7 +46,7 @@ void nccl_check(ncclResult_t r, const char* call) {
 }
 #endif
 
-class CudaTrainer final : public DeviceTrainer {
+class CudaTrainer final : public Backend {
  public:
   CudaTrainer(const GptConfig& config, cu::Precision precision) : model_(cu::make_gpt(config, precision)) {}
   ~CudaTrainer() override {
@@ -205,7 +205,7 @@ int select_cuda_device(int local_rank, int local_size) {
   return device;
 }
 
-std::unique_ptr<DeviceTrainer> make_cuda_trainer(const GptConfig& config, const std::string& precision) {
+std::unique_ptr<Backend> make_cuda_trainer(const GptConfig& config, const std::string& precision) {
   cu::Precision p = cu::Precision::f32;
   try {
     p = cu::parse_precision(precision);

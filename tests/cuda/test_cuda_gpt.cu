@@ -28,8 +28,8 @@
 
 #include "cuda_test_support.cuh"
 
-#if __has_include("device.hpp") && __has_include("checkpoint.hpp")
-#include "device.hpp"
+#if __has_include("trainer/backend.hpp") && __has_include("checkpoint.hpp")
+#include "trainer/backend.hpp"
 #define COUPLEDQK_TEST_DEVICE_TRAINER 1
 #endif
 
