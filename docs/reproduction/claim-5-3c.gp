@@ -9,9 +9,9 @@ set key outside right top
 set format x '%.1s%c'
 set style fill transparent solid 0.18 noborder
 plot 'claim-5-3c.tsv' index 0 using 1:3:4 with filledcurves lc rgb '#1f77b4' notitle, \
-     'claim-5-3c.tsv' index 0 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#1f77b4' title 'size-10m/best-3c = newton-leapfrog (2 seeds)', \
+     'claim-5-3c.tsv' index 0 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#1f77b4' title 'size-10m/best-3c = newton-leapfrog (3 seeds)', \
      'claim-5-3c.tsv' index 1 using 1:3:4 with filledcurves lc rgb '#d62728' notitle, \
-     'claim-5-3c.tsv' index 1 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#d62728' title 'size-10m/standard (2 seeds)', \
+     'claim-5-3c.tsv' index 1 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#d62728' title 'size-10m/standard (3 seeds)', \
      'claim-5-3c.tsv' index 2 using 1:3:4 with filledcurves lc rgb '#2ca02c' notitle, \
      'claim-5-3c.tsv' index 2 using 1:2 with linespoints lw 2 pt 7 ps 0.5 lc rgb '#2ca02c' title 'readings/best-3c = newton-leapfrog (5 seeds)', \
      'claim-5-3c.tsv' index 3 using 1:3:4 with filledcurves lc rgb '#9467bd' notitle, \

@@ -6,7 +6,7 @@ set key off
 set logscale x
 set xlabel 'parameters'
 set ylabel 'change of valid ppl vs b (%)'
-set xrange [627120:1.57665e+07]
+set xrange [627120:1.57672e+07]
 set offsets 0, 0, graph 0.05, graph 0.05
 set title 'reading 3c, best variant'
 set arrow 1 from graph 0, first 0 to graph 1, first 0 nohead lc rgb '#000000'
