@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "encoder.hpp"
-#include "gnuplot.hpp"
-#include "progress.hpp"  // cpu_model
+#include "analysis/gnuplot.hpp"
+#include "records/progress.hpp"  // cpu_model
 #include "trainer.hpp"   // set_threads
 
 namespace coupledqk::encoder {

@@ -53,8 +53,8 @@
 #include <coupledqk/optim/adamw.hpp>
 #include <coupledqk/variants.hpp>  // the layers by name from the compiled table (links coupledqk::variants_layers)
 
-#include "data.hpp"
-#include "tokenizer.hpp"
+#include "data/corpora.hpp"
+#include "data/tokenizer.hpp"
 
 namespace coupledqk::encoder {
 

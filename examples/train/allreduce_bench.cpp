@@ -1,5 +1,5 @@
 // coupledqk-allreduce-bench: the time of the training's gradient all-reduce (Communicator::sum, the
-// fixed-order sum of distributed.hpp) for buffers of several sizes, against MPI_Allreduce (whose
+// fixed-order sum of distributed/communicator.hpp) for buffers of several sizes, against MPI_Allreduce (whose
 // order MPI leaves open). docs/distributed.md uses it to estimate the communication share of a step.
 //
 //   mpirun -np 2 coupledqk-allreduce-bench [floats ...]     (default: 1e5 1e6 4e6 16e6 floats)
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed.hpp"
+#include "distributed/communicator.hpp"
 
 namespace ct = coupledqk::train;
 

@@ -23,11 +23,11 @@
 
 #include <CLI/CLI.hpp>
 
-#include "distributed.hpp"
-#include "gnuplot.hpp"
-#include "statistics.hpp"
+#include "distributed/communicator.hpp"
+#include "analysis/gnuplot.hpp"
+#include "analysis/statistics.hpp"
 #include "trainer.hpp"
-#include "variant_spec.hpp"
+#include "analysis/variant_spec.hpp"
 
 namespace ct = coupledqk::train;
 namespace fs = std::filesystem;
@@ -87,7 +87,7 @@ std::string show_ppl(const Estimate& e) {
   return fmt("%.2f", e.mean) + " ± " + fmt("%.2f", e.sd);
 }
 /// A paired change over seeds: the mean, with its 95% t interval for 2 or more seeds (the study's
-/// statistics, statistics.hpp).
+/// statistics, analysis/statistics.hpp).
 std::string show_change(const Estimate& e) {
   if (e.n < 2) return fmt("%+.2f%%", e.mean);
   return fmt("%+.2f%%", e.mean) + " [" + fmt("%+.2f", e.lo) + ", " + fmt("%+.2f", e.hi) + "]";
@@ -267,9 +267,10 @@ int main(int argc, char** argv) {
       const Estimate v = ppl_stat(r, false), t = ppl_stat(r, true);
       std::vector<double> tps;
       for (const auto& x : r.runs) tps.push_back(x.tokens_per_s);
-      const auto& p = r.runs.front().params;
+      const auto& first = r.runs.front();
       const bool is_ref = &r == ref;
-      lines.push_back(Line{{r.variant.label, with_commas(p.total), fmt("%.2f%%", p.dynamics_percent), show_ppl(v), show_ppl(t),
+      lines.push_back(Line{{r.variant.label, with_commas(first.parameters), fmt("%.2f%%", first.dynamics_percent), show_ppl(v),
+                            show_ppl(t),
                             is_ref ? "ref" : change(r, false), is_ref ? "ref" : change(r, true),
                             with_commas(std::llround(mean_ci(tps).mean))}});
     }
@@ -365,7 +366,7 @@ int main(int argc, char** argv) {
           << "/" << with_commas(static_cast<long long>(data.streams.valid.size())) << "/"
           << with_commas(static_cast<long long>(data.streams.test.size())) << " tokens train/valid/test), vocab "
           << o.vocab << "; model D=" << o.dim << " L=" << o.layers << " H=" << o.heads << " T=" << o.seq
-          << "; batch " << o.batch << ", " << with_commas(first.tokens_seen) << " tokens (" << first.total_steps
+          << "; batch " << o.batch << ", " << with_commas(first.tokens) << " tokens (" << first.total_steps
           << " steps) per run, lr " << o.lr << " cosine to " << (o.min_lr >= 0 ? o.min_lr : 0.1 * o.lr)
           << ", seeds " << o.seed << ".." << o.seed + static_cast<std::uint64_t>(seeds - 1);
     std::time_t now = std::time(nullptr);

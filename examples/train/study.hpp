@@ -14,7 +14,7 @@
 //
 // The study's rooms (examples/train/study/): plan.hpp (the plan, its choices, run identity),
 // store.hpp (the results folder), claims.hpp (claims on the finished runs, with the statistics of
-// ../statistics.hpp), report.hpp (docs/reproduction.md). This header includes all four.
+// analysis/statistics.hpp), report.hpp (docs/reproduction.md). This header includes all four.
 #pragma once
 
 #include "study/claims.hpp"

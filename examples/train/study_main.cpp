@@ -255,7 +255,7 @@ bool train_one(const cs::Plan& plan, cs::Store& store, const cs::RunSpec& run, c
     if (r.diverged_at <= 0) throw;
     progress.message(run.title() + ": " + what + "; stored as diverged");
     out.valid_loss = out.valid_ppl = out.test_loss = out.test_ppl = std::nan("");
-    out.tokens_seen = (r.diverged_at - 1) * o.batch * o.seq;
+    out.tokens = (r.diverged_at - 1) * o.batch * o.seq;
     out.total_steps = (ct::effective_budget_tokens(o) + o.batch * o.seq - 1) / (o.batch * o.seq);
     std::error_code ec;
     if (fs::exists(o.checkpoint, ec)) {  // what was measured before it diverged
@@ -277,24 +277,14 @@ bool train_one(const cs::Plan& plan, cs::Store& store, const cs::RunSpec& run, c
   r.variant = run.variant.label;
   r.seed = run.seed;
   r.code_version = cs::code_version();
-  r.valid_loss = out.valid_loss;
-  r.valid_ppl = out.valid_ppl;
-  r.test_loss = out.test_loss;
-  r.test_ppl = out.test_ppl;
-  r.tokens_per_s = out.tokens_per_s;
-  r.train_seconds = out.train_seconds;
-  r.tokens = out.tokens_seen;
+  static_cast<ct::RunRecord&>(r) = out;  // the record the trainer and the store share, curve included
   r.steps = out.total_steps;
-  r.parameters = out.params.total;
-  r.dynamics_parameters = out.params.dynamics;
-  r.threads = out.threads;
   r.device = out.device_name.empty() ? out.device : out.device_name;
   r.machine = ct::cpu_model() + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores";
   std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   r.date = date;
-  r.curve = out.curve;
   store.save(r);
   if (!f.keep_checkpoints) {
     fs::remove(o.checkpoint, ec);

@@ -10,8 +10,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "distributed.hpp"
-#include "generate.hpp"
+#include "distributed/communicator.hpp"
+#include "generation/generate.hpp"
 #include "trainer.hpp"
 
 namespace ct = coupledqk::train;
@@ -28,10 +28,10 @@ void print_result(const ct::TrainOptions& o, const ct::TrainResult& r) {
   std::printf("variant          %s (steps %d)\n", r.config.attention.c_str(), r.config.steps);
   std::printf("model            V=%ld D=%ld L=%ld H=%ld T=%ld, %ld parameters (dynamics %ld, %.3f%%)\n",
               static_cast<long>(r.config.vocab), static_cast<long>(r.config.dim), static_cast<long>(r.config.layers),
-              static_cast<long>(r.config.heads), static_cast<long>(r.config.context), static_cast<long>(r.params.total),
-              static_cast<long>(r.params.dynamics), r.params.dynamics_percent);
+              static_cast<long>(r.config.heads), static_cast<long>(r.config.context), static_cast<long>(r.parameters),
+              static_cast<long>(r.dynamics_parameters), r.dynamics_percent);
   std::printf("training         %ld/%ld steps, %ld tokens, %d thread(s)%s, %.1f s of training\n",
-              static_cast<long>(r.steps_done), static_cast<long>(r.total_steps), static_cast<long>(r.tokens_seen),
+              static_cast<long>(r.steps_done), static_cast<long>(r.total_steps), static_cast<long>(r.tokens),
               r.threads, r.ranks > 1 ? " per process" : "", r.train_seconds);
   if (r.ranks > 1) std::printf("processes        %d (%s)\n", r.ranks, r.distributed.c_str());
   if (r.device != "cpu") std::printf("device           %s\n", r.device_name.c_str());
@@ -39,7 +39,7 @@ void print_result(const ct::TrainOptions& o, const ct::TrainResult& r) {
   if (r.ranks > 1 && r.steps_done > r.start_step) {
     const double steps = static_cast<double>(r.steps_done - r.start_step);
     // This session's training time, from its tokens and throughput.
-    const double session_tokens = steps * static_cast<double>(r.tokens_seen) / static_cast<double>(r.steps_done);
+    const double session_tokens = steps * static_cast<double>(r.tokens) / static_cast<double>(r.steps_done);
     const double train_time = r.tokens_per_s > 0 ? session_tokens / r.tokens_per_s : 0;
     std::printf("all-reduce       %.3f ms per step for %ld floats (%.1f%% of the training time)\n",
                 1e3 * r.reduce_seconds / steps, static_cast<long>(r.reduced_floats),

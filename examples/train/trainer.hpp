@@ -12,7 +12,7 @@
 // With device = "cuda" the same loop runs the model and the optimiser on the GPU (trainer/backend.hpp);
 // the checkpoints stay the CPU model's and optimiser's, so runs move freely between the devices.
 //
-// Under mpirun (distributed.hpp, docs/distributed.md) the same call trains the same model on N
+// Under mpirun (distributed/communicator.hpp, docs/distributed.md) the same call trains the same model on N
 // processes: every rank draws the same B windows and computes the gradient of its B/N of them;
 // rank 0's initial parameters are broadcast; the gradients are averaged (a fixed-order sum) before
 // clipping and AdamW, so every rank applies the same update; evaluations are split over the ranks

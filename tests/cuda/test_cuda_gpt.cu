@@ -28,7 +28,7 @@
 
 #include "cuda_test_support.cuh"
 
-#if __has_include("trainer/backend.hpp") && __has_include("checkpoint.hpp")
+#if __has_include("trainer/backend.hpp") && __has_include("records/checkpoint.hpp")
 #include "trainer/backend.hpp"
 #define COUPLEDQK_TEST_DEVICE_TRAINER 1
 #endif

@@ -1,4 +1,4 @@
-// The training data pipeline (examples/train/data.hpp, tokenizer.hpp): loading, the split, the
+// The training data pipeline (examples/train/data/corpora.hpp, tokenizer.hpp): loading, the split, the
 // tokenizer and the token cache, on small corpora generated in a temporary folder (no network).
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "data.hpp"
+#include "data/corpora.hpp"
 #include "support/files.hpp"
-#include "tokenizer.hpp"
+#include "data/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 using namespace coupledqk::train;

@@ -1,4 +1,4 @@
-// libFuzzer target: the training checkpoint loader (examples/train/checkpoint.cpp) -- the
+// libFuzzer target: the training checkpoint loader (examples/train/records/checkpoint.cpp) -- the
 // safetensors reader, then every check coupledqk-train and `coupledqk-train generate` make before
 // they use a file: the coupledqk metadata, the tensors against the model config, the model built
 // and restored (shapes, dtypes, finite values), the optimiser state and the embedded tokenizer.
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "checkpoint.hpp"
+#include "records/checkpoint.hpp"
 
 namespace io = coupledqk::io;
 namespace ct = coupledqk::train;

@@ -1,4 +1,4 @@
-// libFuzzer target: the corpus reader's rules for a user's text file (examples/train/data.cpp):
+// libFuzzer target: the corpus reader's rules for a user's text file (examples/train/data/corpora.cpp):
 // check_text (binary detection, UTF-8 repair, line endings), split_text_file (documents from
 // sections or paragraphs), the Brown corpus conversion and the statistics. Any input must pass or
 // raise coupledqk::io_error.
@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "data.hpp"
+#include "data/corpora.hpp"
 
 namespace ct = coupledqk::train;
 

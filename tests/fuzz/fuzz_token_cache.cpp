@@ -1,4 +1,4 @@
-// libFuzzer target: the token-stream cache reader (examples/train/tokenizer.cpp,
+// libFuzzer target: the token-stream cache reader (examples/train/data/tokenizer.cpp,
 // parse_token_file, for the vocabularies of the seeds): any bytes are either a valid stream (every id below the vocabulary) or a
 // reason to rebuild; never a crash or an exception.
 #include <cstddef>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tokenizer.hpp"
+#include "data/tokenizer.hpp"
 
 namespace ct = coupledqk::train;
 

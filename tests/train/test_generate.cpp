@@ -1,4 +1,4 @@
-// Generation (examples/train/generate.hpp): the incremental decoder with a KV cache per layer gives
+// Generation (examples/train/generation/generate.hpp): the incremental decoder with a KV cache per layer gives
 // the logits of the full forward, for every kind of variant; sampling; generating from a checkpoint.
 #include <doctest/doctest.h>
 
@@ -8,7 +8,7 @@
 #include <coupledqk/autodiff/tape.hpp>
 #include <coupledqk/registry.hpp>
 
-#include "generate.hpp"
+#include "generation/generate.hpp"
 #include "helpers.hpp"
 
 using namespace cqk_train_test;

@@ -1,4 +1,4 @@
-// The trainer (examples/train/trainer.hpp, checkpoint.hpp): determinism, checkpoint round trip,
+// The trainer (examples/train/trainer.hpp, records/checkpoint.hpp): determinism, checkpoint round trip,
 // stop + resume == uninterrupted, and every bad input, on a tiny generated corpus.
 #include <doctest/doctest.h>
 
@@ -52,7 +52,7 @@ TEST_CASE("training lowers the loss, evaluates, and reports what it did") {
   REQUIRE(r.losses.size() == 48);
   CHECK(r.total_steps == 48);
   CHECK(r.steps_done == 48);
-  CHECK(r.tokens_seen == 48 * 4 * 32);
+  CHECK(r.tokens == 48 * 4 * 32);
   CHECK(r.losses.front() > std::log(400.0) - 0.5);  // about uniform at init
   CHECK(r.final_train_loss < r.losses.front() - 1.0);
   CHECK(std::isfinite(r.valid_ppl));
@@ -63,8 +63,8 @@ TEST_CASE("training lowers the loss, evaluates, and reports what it did") {
   REQUIRE(r.curve.size() == 6);
   CHECK(r.curve.front().step == 8);
   CHECK(r.curve.back().step == 48);
-  CHECK(r.curve.back().tokens == r.tokens_seen);
-  CHECK(r.params.dynamics == 0);
+  CHECK(r.curve.back().tokens == r.tokens);
+  CHECK(r.dynamics_parameters == 0);
   CHECK(r.tokens_per_s > 0);
 }
 

@@ -19,8 +19,8 @@
 #include <coupledqk/io/safetensors.hpp>
 #include <coupledqk/registry.hpp>
 
-#include "data.hpp"
-#include "dynamics_json.hpp"
+#include "data/corpora.hpp"
+#include "records/dynamics_json.hpp"
 
 
 namespace coupledqk::train::study {

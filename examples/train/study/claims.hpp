@@ -8,13 +8,13 @@
 #include <utility>
 #include <vector>
 
-#include "../statistics.hpp"
+#include "analysis/statistics.hpp"
 #include "plan.hpp"
 #include "store.hpp"
 
 namespace coupledqk::train::study {
 
-// The statistics (statistics.hpp), under the study's names too.
+// The statistics (analysis/statistics.hpp), under the study's names too.
 using train::Estimate;
 using train::f_cdf;
 using train::f_quantile;

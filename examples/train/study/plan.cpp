@@ -19,10 +19,10 @@
 #include <coupledqk/io/safetensors.hpp>
 #include <coupledqk/registry.hpp>
 
-#include "data.hpp"
-#include "fnv1a.hpp"
+#include "data/corpora.hpp"
+#include "data/fnv1a.hpp"
 #include "store.hpp"
-#include "dynamics_json.hpp"
+#include "records/dynamics_json.hpp"
 
 
 namespace coupledqk::train::study {
@@ -108,7 +108,7 @@ void set_flag(TrainOptions& o, const std::string& name, const std::string& text,
             const double v = std::strtod(text.c_str(), &end);
             if (text.empty() || *end != '\0' || !std::isfinite(v)) throw bad("a finite number");
             *target = v;
-          } else {  // the CLI's integer rule (progress.hpp): no sign, no wrapping
+          } else {  // the CLI's integer rule (records/progress.hpp): no sign, no wrapping
             const std::string e = unsigned_error(text, static_cast<std::uint64_t>(std::numeric_limits<T>::max()));
             if (!e.empty()) throw invalid_argument(where + ": '--" + name + "' = " + e);
             *target = static_cast<T>(std::strtoull(text.c_str(), nullptr, 10));
@@ -260,7 +260,7 @@ const Group& Plan::group_of(const ArmRef& arm, const std::string& claim_id) cons
 }
 
 namespace {
-/// A plan's name, a group's name, a claim's id: names (progress.hpp), never paths or code.
+/// A plan's name, a group's name, a claim's id: names (records/progress.hpp), never paths or code.
 std::string need_name(const json& j, const char* key, const std::string& where) {
   const json& v = need(j, key, where);
   const std::string bad = v.is_string() ? name_error(v.get<std::string>()) : "must be a string";

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "trainer.hpp"
-#include "variant_spec.hpp"
+#include "analysis/variant_spec.hpp"
 
 namespace coupledqk::train::study {
 
-using VariantSpec = train::VariantSpec;  ///< a group's variant: "leapfrog:3" (variant_spec.hpp)
+using VariantSpec = train::VariantSpec;  ///< a group's variant: "leapfrog:3" (analysis/variant_spec.hpp)
 
 /// "leapfrog:3" -> {label, attention, steps} (parse_variant_spec), and the name checked against the
 /// registry; invalid_argument naming `where` for a bad step count or an unknown name.

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gnuplot.hpp"
+#include "analysis/gnuplot.hpp"
 
 namespace coupledqk::train::study {
 

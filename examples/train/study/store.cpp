@@ -19,8 +19,8 @@
 #include <coupledqk/io/safetensors.hpp>
 #include <coupledqk/registry.hpp>
 
-#include "data.hpp"
-#include "dynamics_json.hpp"
+#include "data/corpora.hpp"
+#include "records/dynamics_json.hpp"
 
 
 #include <coupledqk/io/atomic_file.hpp>
@@ -59,11 +59,12 @@ std::string read_text_file(const std::string& path, const char* what, std::size_
 
 namespace {
 
-/// The plain fields of a stored result, listed once: the JSON writer and reader below both walk
-/// this list, f(key, member, nullable). A nullable number is written as null when it is not finite
-/// (a diverged run's perplexities) and read back as NaN only for a diverged run. The structured
-/// fields (format, version, diverged_at, curve, dynamics, dynamics_curve) are written and read
-/// beside it.
+/// The plain fields of a stored result, listed once: the run's RunRecord (trainer/result.hpp, the
+/// same list the trainer's summary walks), then the study's own. The JSON writer and reader below
+/// both walk this list, f(key, member, nullable). A nullable number is written as null when it is
+/// not finite (a diverged run's perplexities) and read back as NaN only for a diverged run. The
+/// structured fields (format, version, diverged_at, curve, dynamics, dynamics_curve) are written and
+/// read beside it.
 template <class Result, class F>
 void visit_result_fields(Result& r, F&& f) {
   f("plan", r.plan, false);
@@ -73,17 +74,8 @@ void visit_result_fields(Result& r, F&& f) {
   f("variant", r.variant, false);
   f("seed", r.seed, false);
   f("code_version", r.code_version, false);
-  f("valid_loss", r.valid_loss, true);
-  f("valid_ppl", r.valid_ppl, true);
-  f("test_loss", r.test_loss, true);
-  f("test_ppl", r.test_ppl, true);
-  f("tokens_per_s", r.tokens_per_s, false);
-  f("train_seconds", r.train_seconds, false);
-  f("tokens", r.tokens, false);
+  visit_run_record(r, f);
   f("steps", r.steps, false);
-  f("parameters", r.parameters, false);
-  f("dynamics_parameters", r.dynamics_parameters, false);
-  f("threads", r.threads, false);
   f("device", r.device, false);
   f("machine", r.machine, false);
   f("date", r.date, false);

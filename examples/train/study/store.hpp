@@ -20,16 +20,14 @@ struct LayerDiagnostics {
   double q_displacement = 0, k_displacement = 0;
 };
 
-/// The stored result of a finished run.
-struct RunResult {
+/// The stored result of a finished run: the trainer's RunRecord (trainer/result.hpp: perplexities,
+/// throughput, parameters, the curve), copied from the run's TrainResult as one record, and the
+/// study's own fields.
+struct RunResult : RunRecord {
   std::string plan, id, identity, group, variant, code_version;
   std::uint64_t seed = 0;
-  double valid_loss = 0, valid_ppl = 0, test_loss = 0, test_ppl = 0;
-  double tokens_per_s = 0, train_seconds = 0;
-  Index tokens = 0, steps = 0, parameters = 0, dynamics_parameters = 0;
-  int threads = 0;
+  Index steps = 0;  ///< the run's training steps (TrainResult::total_steps)
   std::string device, machine, date;
-  std::vector<CurvePoint> curve;
   std::vector<LayerDiagnostics> dynamics;  ///< per layer; empty for standard attention
   std::vector<DynamicsPoint> dynamics_curve;  ///< the same at every evaluation (empty in older results)
   /// The step whose loss was not finite (the trainer stopped there), 0 for a finished run; its

@@ -1,6 +1,6 @@
 #include "backend.hpp"
 
-#include "../distributed.hpp"
+#include "distributed/communicator.hpp"
 #include "options.hpp"
 
 #include <algorithm>

@@ -1,14 +1,14 @@
 // The trainer's backend: where a model and its optimiser train, behind one small interface, so that
 // the training loop (loop.cpp) is the same for every device (docs/training.md, "--device and
 // --precision"). Two implement it: the CPU backend (make_cpu_backend, backend.cpp: the host model
-// itself, with its tape) and the CUDA one (make_cuda_trainer, ../cuda_trainer.cu).
+// itself, with its tape) and the CUDA one (make_cuda_trainer, cuda_backend.cu).
 //
 // The CPU model (coupledqk::AnyGpt<float>) and the CPU optimiser (coupledqk::AdamW<float>) remain
 // the storage format: a run initialises and restores them on the host, hands them to the backend
 // with from_host(), and copies the backend's state back with to_host() before every checkpoint (a
 // no-op on the CPU). A checkpoint written on either device therefore resumes on the other.
 //
-// make_cuda_trainer() lives in cuda_trainer.cu (library coupledqk_cuda_train, built where nvcc is;
+// make_cuda_trainer() lives in cuda_backend.cu (library coupledqk_cuda_train, built where nvcc is;
 // backend.cpp sees COUPLEDQK_WITH_CUDA then).
 #pragma once
 

@@ -8,7 +8,7 @@
 
 #include <coupledqk/autodiff/tape.hpp>
 
-#include "../checkpoint.hpp"
+#include "records/checkpoint.hpp"
 
 namespace coupledqk::train {
 

@@ -51,7 +51,10 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
   auto model = make_gpt<float>(model_config(o), o.seed);
   if (ranks > 1 && !o.resume) broadcast_parameters(comm, *model);
   r.config = model->config();
-  r.params = model->parameter_report();
+  const ParameterReport params = model->parameter_report();
+  r.parameters = params.total;
+  r.dynamics_parameters = params.dynamics;
+  r.dynamics_percent = params.dynamics_percent;
   r.device = o.device;
   r.precision = o.precision;
   // The model where it trains (--device cuda: a copy on the GPU; the host model and optimiser stay
@@ -181,7 +184,7 @@ TrainResult train(const TrainOptions& o, const TrainData& data, Progress& shown)
   progress.finish();
 
   r.steps_done = state.step;
-  r.tokens_seen = state.tokens_seen;
+  r.tokens = state.tokens_seen;
   r.tokens_per_s = train_time > 0 ? static_cast<double>(session_tokens) / train_time : 0;
   r.reduce_seconds = reduce.seconds();
   r.reduced_floats = ranks > 1 ? backend->gradient_count() : 0;

@@ -1,7 +1,7 @@
 #include "options.hpp"
 
 #include "text.hpp"
-#include "../distributed.hpp"
+#include "distributed/communicator.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -14,9 +14,9 @@
 #include <coupledqk/autodiff/tape.hpp>
 #include <coupledqk/optim/adamw.hpp>
 
-#include "../checkpoint.hpp"
-#include "../progress.hpp"
-#include "../tokenizer.hpp"
+#include "records/checkpoint.hpp"
+#include "records/progress.hpp"
+#include "data/tokenizer.hpp"
 
 namespace coupledqk::train {
 

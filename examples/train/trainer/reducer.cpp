@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "../progress.hpp"
+#include "records/progress.hpp"
 #include "../trainer.hpp"
 
 namespace coupledqk::train {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "../checkpoint.hpp"
-#include "../distributed.hpp"
+#include "records/checkpoint.hpp"
+#include "distributed/communicator.hpp"
 #include "backend.hpp"
 #include "evaluation.hpp"
 

@@ -22,28 +22,20 @@ std::string summary_json(const TrainOptions& o, const TrainResult& r) {
   j["steps"] = r.config.steps;
   j["corpus"] = o.corpus;
   j["seed"] = o.seed;
-  j["parameters"] = r.params.total;
-  j["dynamics_parameters"] = r.params.dynamics;
-  j["dynamics_percent"] = r.params.dynamics_percent;
-  j["threads"] = r.threads;
+  // A run without a final evaluation has NaN perplexities, written as null.
+  visit_run_record(r, [&](const char* key, const auto& v, bool) { j[key] = v; });
+  j["dynamics_percent"] = r.dynamics_percent;
   j["ranks"] = r.ranks;
   j["device"] = r.device;
   j["precision"] = r.precision;
   j["steps_done"] = r.steps_done;
   j["total_steps"] = r.total_steps;
-  j["tokens"] = r.tokens_seen;
   j["stopped_early"] = r.stopped_early;
   j["final_train_loss"] = r.final_train_loss;
-  j["valid_loss"] = r.valid_loss;
-  j["valid_ppl"] = r.valid_ppl;
-  j["test_loss"] = r.test_loss;
-  j["test_ppl"] = r.test_ppl;
-  j["tokens_per_s"] = r.tokens_per_s;
   if (r.ranks > 1) {
     j["allreduce_seconds"] = r.reduce_seconds;
     j["allreduce_floats"] = r.reduced_floats;
   }
-  j["train_seconds"] = r.train_seconds;
   j["wall_seconds"] = r.wall_seconds;
   return j.dump();
 }

@@ -1,7 +1,7 @@
 #include "run_plan.hpp"
 
 #include "text.hpp"
-#include "../fnv1a.hpp"
+#include "data/fnv1a.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -17,8 +17,6 @@
 #include <unistd.h>
 #endif
 #include <cerrno>
-
-#include <nlohmann/json.hpp>
 
 namespace coupledqk::train {
 
@@ -227,32 +225,30 @@ Index plan_total_steps(const TrainOptions& o, const Checkpoint* ckpt, const Trai
 RunState restore_run(const TrainOptions& o, const Checkpoint& ckpt, const RunFingerprint& run, Model& model,
                      AdamW<float>& opt, Rng& sampler, int ranks, int threads, bool on_host, Progress& progress) {
   RunState state;
-  {
-    const auto diffs = compare_runs(run, ckpt.info.run, o.budget_seconds <= 0);
-    if (!diffs.empty())
-      throw invalid_argument("checkpoint '" + o.checkpoint + "' does not match the flags (" +
-                             std::to_string(diffs.size()) + " difference" + (diffs.size() > 1 ? "s" : "") +
-                             "):" + join_lines(diffs));
-    restore_model(ckpt, model);
-    restore_optimizer(ckpt, opt);
-    state = ckpt.info.state;
-    sampler.set_state(state.sampler);
-    if (ckpt.info.ranks != ranks)
-      progress.message("note: the checkpoint was written by " + std::to_string(ckpt.info.ranks) +
-                       " process(es), this session runs on " + std::to_string(ranks) +
-                       "; the continuation is correct but not bit-identical (the gradient sums are split "
-                       "differently)");
-    else if (ckpt.info.device != o.device || ckpt.info.precision != o.precision)
-      progress.message("note: the checkpoint was written on " + ckpt.info.device + " (" + ckpt.info.precision +
-                       "), this session runs on " + o.device + " (" + o.precision +
-                       "); the continuation is correct but not bit-identical");
-    else if (on_host && ckpt.info.threads != threads)
-      progress.message("note: the checkpoint was written with " + std::to_string(ckpt.info.threads) +
-                       " thread(s), this session uses " + std::to_string(threads) +
-                       "; the continuation is exact only with the same thread count");
-    progress.message("resuming '" + o.checkpoint + "' at step " + std::to_string(state.step) + " of " +
-                     std::to_string(run.total_steps));
-  }
+  const auto diffs = compare_runs(run, ckpt.info.run, o.budget_seconds <= 0);
+  if (!diffs.empty())
+    throw invalid_argument("checkpoint '" + o.checkpoint + "' does not match the flags (" +
+                           std::to_string(diffs.size()) + " difference" + (diffs.size() > 1 ? "s" : "") +
+                           "):" + join_lines(diffs));
+  restore_model(ckpt, model);
+  restore_optimizer(ckpt, opt);
+  state = ckpt.info.state;
+  sampler.set_state(state.sampler);
+  if (ckpt.info.ranks != ranks)
+    progress.message("note: the checkpoint was written by " + std::to_string(ckpt.info.ranks) +
+                     " process(es), this session runs on " + std::to_string(ranks) +
+                     "; the continuation is correct but not bit-identical (the gradient sums are split "
+                     "differently)");
+  else if (ckpt.info.device != o.device || ckpt.info.precision != o.precision)
+    progress.message("note: the checkpoint was written on " + ckpt.info.device + " (" + ckpt.info.precision +
+                     "), this session runs on " + o.device + " (" + o.precision +
+                     "); the continuation is correct but not bit-identical");
+  else if (on_host && ckpt.info.threads != threads)
+    progress.message("note: the checkpoint was written with " + std::to_string(ckpt.info.threads) +
+                     " thread(s), this session uses " + std::to_string(threads) +
+                     "; the continuation is exact only with the same thread count");
+  progress.message("resuming '" + o.checkpoint + "' at step " + std::to_string(state.step) + " of " +
+                   std::to_string(run.total_steps));
   return state;
 }
 

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "../checkpoint.hpp"
-#include "../distributed.hpp"
-#include "../progress.hpp"
-#include "../tokenizer.hpp"
+#include "records/checkpoint.hpp"
+#include "distributed/communicator.hpp"
+#include "records/progress.hpp"
+#include "data/tokenizer.hpp"
 #include "backend.hpp"
 #include "options.hpp"
 

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fnv1a.hpp"  // fnv1a64: the split and cache keys
+#include "data/fnv1a.hpp"  // fnv1a64: the split and cache keys
 
 namespace coupledqk::train {
 

@@ -1,4 +1,4 @@
-#include "generate.hpp"
+#include "generation/generate.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 
 #include <coupledqk/model/decoder.hpp>
 
-#include "progress.hpp"
+#include "records/progress.hpp"
 #include "trainer.hpp"
 
 namespace coupledqk::train {

@@ -1,6 +1,6 @@
 // The processes of a data-parallel training run (docs/distributed.md): one process, or the ranks
 // of MPI_COMM_WORLD when the program was started by an MPI launcher (mpirun, mpiexec, srun with
-// PMI/PMIx) in a build with MPI (COUPLEDQK_MPI). This header is free of MPI: distributed.cpp holds
+// PMI/PMIx) in a build with MPI (COUPLEDQK_MPI). This header is free of MPI: communicator.cpp holds
 // the MPI calls, and a build without MPI compiles the same file to a one-process world.
 //
 //   Communicator& c = world();        // MPI_Init_thread on first use, when a launcher started us

@@ -1,5 +1,5 @@
-#include "progress.hpp"
-#include "gnuplot.hpp"
+#include "records/progress.hpp"
+#include "analysis/gnuplot.hpp"
 
 #include <cerrno>
 #include <chrono>

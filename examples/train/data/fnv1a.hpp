@@ -1,4 +1,4 @@
-// 64-bit FNV-1a, the one hash of the training tools: split and cache keys (data.cpp, tokenizer.cpp),
+// 64-bit FNV-1a, the one hash of the training tools: split and cache keys (corpora.cpp, tokenizer.cpp),
 // run fingerprints (trainer/run_plan.cpp) and run identities (study). Fixed and the same on every platform,
 // so a key written by one machine is found by another. Not for security.
 #pragma once

@@ -1,5 +1,5 @@
 // SentencePiece BPE tokenizer and cached token streams: see tokenizer.hpp and docs/data.md.
-#include "tokenizer.hpp"
+#include "data/tokenizer.hpp"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>

@@ -11,7 +11,7 @@
 #include <coupledqk/core/error.hpp>
 #include <coupledqk/io/json_read.hpp>
 
-#include "checkpoint.hpp"
+#include "records/checkpoint.hpp"
 
 namespace coupledqk::train {
 

@@ -1,4 +1,4 @@
-#include "distributed.hpp"
+#include "distributed/communicator.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -49,7 +49,7 @@ MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
 /// Elements per round of sum(): bounds the counts below 2^31 (MPI's int) and the extra memory.
 constexpr std::size_t max_block = std::size_t(1) << 26;
 
-/// The deterministic sum of the file comment in distributed.hpp, on blocks of at most max_block.
+/// The deterministic sum of the file comment in communicator.hpp, on blocks of at most max_block.
 template <class T>
 void deterministic_sum(T* data, std::size_t n, int rank, int size, double scale) {
   std::vector<int> counts(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size)),

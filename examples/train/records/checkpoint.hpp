@@ -29,7 +29,7 @@
 // pays that compile time.
 #include <coupledqk/variants.hpp>
 
-#include "tokenizer.hpp"
+#include "data/tokenizer.hpp"
 
 namespace coupledqk::train {
 

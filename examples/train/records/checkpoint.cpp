@@ -1,5 +1,5 @@
-#include "checkpoint.hpp"
-#include "dynamics_json.hpp"
+#include "records/checkpoint.hpp"
+#include "records/dynamics_json.hpp"
 
 #include <atomic>
 #include <cerrno>

@@ -9,7 +9,7 @@
 
 #include <coupledqk/model/decoder.hpp>
 
-#include "checkpoint.hpp"
+#include "records/checkpoint.hpp"
 
 namespace coupledqk::train {
 

@@ -1,4 +1,4 @@
-// The plots' scripts: text from a plan or a flag reaches gnuplot as data only (progress.cpp).
+// The plots' scripts: text from a plan or a flag reaches gnuplot as data only (implemented in records/progress.cpp).
 #pragma once
 
 #include <string>

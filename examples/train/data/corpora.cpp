@@ -1,5 +1,5 @@
 // The training example's data pipeline: see data.hpp and docs/data.md.
-#include "data.hpp"
+#include "data/corpora.hpp"
 
 #include <algorithm>
 #include <cctype>

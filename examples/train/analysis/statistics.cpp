@@ -1,5 +1,5 @@
 // The statistics of the study and of coupledqk-compare (statistics.hpp).
-#include "statistics.hpp"
+#include "analysis/statistics.hpp"
 
 #include <algorithm>
 #include <cmath>

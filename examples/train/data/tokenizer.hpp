@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data.hpp"
+#include "data/corpora.hpp"
 
 namespace sentencepiece {
 class SentencePieceProcessor;
