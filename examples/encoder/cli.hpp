@@ -27,7 +27,7 @@ struct Options {
   std::string corpus = "sotu";
   std::string cache;                 ///< empty: train::default_cache_dir()
   std::string out = "encoder-out";
-  std::vector<std::string> variants{"standard", "leapfrog"};
+  std::vector<std::string> variants{builtin_variants.first_without_dynamics(), builtin_variants.first_with_dynamics()};
   int integrator_steps = 1;
   int presidents = 0;
   int min_addresses = 8;

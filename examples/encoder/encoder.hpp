@@ -411,7 +411,7 @@ struct EncoderConfig {
   Index heads = 4;    ///< H (D/H even: rotary positions)
   Index layers = 2;   ///< L
   Index classes = 0;  ///< C
-  std::string variant = "standard";  ///< a built-in variant name (registry.hpp)
+  std::string variant = builtin_variants.first_without_dynamics();  ///< a built-in variant name (registry.hpp)
   int steps = 1;                     ///< its integration steps
   double init_std = 0.02;            ///< GPT-2's
   double rope_base = default_rope_base;
