@@ -218,6 +218,11 @@ int main(int argc, char** argv) {
 #endif
   std::fprintf(stderr, "coupledqk-bench: instruction set: %s (Eigen packets of %d floats)\n", isa,
                static_cast<int>(Eigen::internal::packet_traits<float>::size));
+  // the kernel under coupledqk::gemm (Eigen's, or OpenBLAS's with -DCOUPLEDQK_BLAS=OpenBLAS, and then
+  // the core OpenBLAS detected, or why it is not used)
+  std::fprintf(stderr, "coupledqk-bench: gemm backend: %s\n", cqk::gemm_backend_description().c_str());
+  benchmark::AddCustomContext("gemm_backend", cqk::gemm_backend_description());
+  benchmark::AddCustomContext("instruction_set", isa);
   std::fprintf(stderr, "coupledqk-bench: SGEMM peak %.1f GFLOP/s (%s)\n", g_peak_gflops,
                given_peak > 0 ? "--peak-gflops" : "the library's SGEMM above");
 

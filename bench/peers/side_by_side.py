@@ -73,6 +73,7 @@ def run_bench(binary, threads, pattern, min_time, peak, cpu_time=False):
     data = json.loads(out.stdout)
     own = re.search(r"library SGEMM ([0-9.]+) GFLOP/s", out.stderr)
     isa = re.search(r"instruction set: (.*)", out.stderr)
+    backend = re.search(r"gemm backend: (.*)", out.stderr)
     results = {}
     for b in data["benchmarks"]:
         if cpu_time:  # rates over the thread's CPU time instead of wall time
@@ -83,7 +84,8 @@ def run_bench(binary, threads, pattern, min_time, peak, cpu_time=False):
             b["real_time"] = b["cpu_time"]
         results[b["name"].split("/min_time")[0].replace("/real_time", "")] = b
     info = {"own_sgemm": float(own.group(1)) if own else float("nan"),
-            "isa": isa.group(1).strip() if isa else "unknown"}
+            "isa": isa.group(1).strip() if isa else "unknown",
+            "backend": backend.group(1).strip() if backend else "Eigen (the binary does not say)"}
     return results, info, " ".join(cmd)
 
 
@@ -180,8 +182,8 @@ def main():
                  f"{args.threads} threads, by:\n")
     lines.append("```\n" + " ".join(["bench/peers/side_by_side.py"] + sys.argv[1:]) + "\n```\n")
     lines.append(f"Load average (1, 5, 15 min) before the run: {load_before}; after: {load_after}.\n")
-    lines.append(f"coupledqk: `{bench_cmd}` (float32, Eigen's kernels through `coupledqk::gemm`, OpenMP; "
-                 f"compiled for {info['isa']}). PyTorch {theirs and next(iter(theirs.values()))['torch']}"
+    lines.append(f"coupledqk: `{bench_cmd}` (float32, OpenMP; "
+                 f"compiled for {info['isa']}; the kernel under `coupledqk::gemm`: {info['backend']}). PyTorch {theirs and next(iter(theirs.values()))['torch']}"
                  " eager, float32, same threads, the spec's implementation in `tests/parity/reference.py`"
                  " (Debian's python3-torch with OpenBLAS from libopenblas0-pthread, "
                  f"OpenBLAS core {core}: {core_how}).\n")

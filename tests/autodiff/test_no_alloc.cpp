@@ -173,7 +173,8 @@ TEST_CASE("gemm: the same bits as Eigen's single-threaded product, on 1, 2 and 3
   };
   const Case cases[] = {{256, 64, 64, false, false},  {256, 256, 64, false, true}, {64, 256, 256, true, false},
                         {300, 70, 33, false, false},  {37, 500, 300, true, true},  {500, 37, 120, false, true},
-                        {1000, 96, 64, false, false}, {96, 1000, 64, true, false}, {5, 7, 3, false, false}};
+                        {1000, 96, 64, false, false}, {96, 1000, 64, true, false}, {5, 7, 3, false, false},
+                        {700, 300, 200, false, true}, {333, 900, 100, true, false}};
   const int before = max_threads();
   for (const Case& c : cases) {
     INFO("[", c.m, " x ", c.k, "] x [", c.k, " x ", c.n, "], transposed: ", c.ta, " ", c.tb);
@@ -197,6 +198,20 @@ TEST_CASE("gemm: the same bits as Eigen's single-threaded product, on 1, 2 and 3
       ref_acc.noalias() += A.transpose() * B.transpose();
     }
     const bool tiny = c.m + c.n + c.k < 20;  // Eigen itself uses a coefficient-wise product there
+    if (gemm_backend() == GemmBackend::openblas) {
+      // OpenBLAS's kernel (-DCOUPLEDQK_BLAS=OpenBLAS): its rounding, not Eigen's; the reference for
+      // the thread counts below is gemm's own one-thread product, checked against Eigen's here.
+#ifdef _OPENMP
+      omp_set_num_threads(1);
+#endif
+      Matrix<float> C(c.m, c.n), Cacc = C0;
+      gemm<float>(A, c.ta, B, c.tb, C);
+      gemm<float>(A, c.ta, B, c.tb, Cacc, 1.0f, true);
+      CHECK((C - ref).cwiseAbs().maxCoeff() <= 1e-4f * std::max(1.0f, ref.cwiseAbs().maxCoeff()));
+      CHECK((Cacc - ref_acc).cwiseAbs().maxCoeff() <= 1e-4f * std::max(1.0f, ref_acc.cwiseAbs().maxCoeff()));
+      ref = C;
+      ref_acc = Cacc;
+    }
     for (int threads : {1, 2, 3}) {
       INFO("threads ", threads);
 #ifdef _OPENMP
@@ -206,7 +221,7 @@ TEST_CASE("gemm: the same bits as Eigen's single-threaded product, on 1, 2 and 3
       Matrix<float> C(c.m, c.n), Cacc = C0;
       gemm<float>(A, c.ta, B, c.tb, C);
       gemm<float>(A, c.ta, B, c.tb, Cacc, 1.0f, true);
-      if (tiny) {
+      if (tiny && gemm_backend() == GemmBackend::eigen) {
         CHECK((C - ref).cwiseAbs().maxCoeff() <= 1e-5f);
       } else {
         CHECK((C.array() == ref.array()).all());
@@ -224,4 +239,52 @@ TEST_CASE("gemm: the same bits as Eigen's single-threaded product, on 1, 2 and 3
   omp_set_num_threads(before);
 #endif
   Eigen::setNbThreads(before);
+}
+
+TEST_CASE("gemm's backend: OpenBLAS only on its proper kernels, and a clear error where it is not there") {
+  using detail::openblas_core_too_narrow;
+  // (core OpenBLAS reports, CPU has AVX-512, CPU has AVX2 + FMA, Intel)
+  CHECK(openblas_core_too_narrow("SkylakeX", true, true, true).empty());
+  CHECK(openblas_core_too_narrow("Cooperlake", true, true, true).empty());
+  CHECK(openblas_core_too_narrow("SAPPHIRERAPIDS", true, true, true).empty());
+  CHECK(openblas_core_too_narrow("Zen", true, true, false).empty());  // AMD Zen 4: AVX2 kernels are its own
+  CHECK(openblas_core_too_narrow("Haswell", false, true, true).empty());
+  CHECK(openblas_core_too_narrow("Prescott", false, false, true).empty());
+  const std::string generic = openblas_core_too_narrow("Prescott", true, true, true);
+  CHECK(generic.find("'Prescott'") != std::string::npos);
+  CHECK(generic.find("OPENBLAS_CORETYPE=SkylakeX") != std::string::npos);
+  CHECK_FALSE(openblas_core_too_narrow("Haswell", true, true, true).empty());  // AVX2 kernels on an AVX-512 Xeon
+  CHECK(openblas_core_too_narrow("Prescott", false, true, false).find("OPENBLAS_CORETYPE=Haswell") !=
+        std::string::npos);
+
+  const GemmBackend was = gemm_backend();
+  MESSAGE("gemm backend: ", gemm_backend_description());
+  set_gemm_backend(GemmBackend::eigen);
+  CHECK(gemm_backend() == GemmBackend::eigen);
+  Rng rng(3);
+  const Matrix<float> A = random_matrix(200, 64, rng).cast<float>(), B = random_matrix(64, 90, rng).cast<float>();
+  Matrix<float> C(200, 90), ref(200, 90);
+  Eigen::setNbThreads(1);
+  ref.noalias() = A * B;
+  gemm<float>(A, false, B, false, C);
+  CHECK((C.array() == ref.array()).all());  // Eigen's kernel chosen: Eigen's bits
+#ifdef COUPLEDQK_USE_OPENBLAS
+  if (was == GemmBackend::openblas) {
+    set_gemm_backend(GemmBackend::openblas);
+    CHECK(gemm_backend_description().find("OpenBLAS") == 0);
+  }
+#else
+  CHECK(was == GemmBackend::eigen);
+  try {
+    set_gemm_backend(GemmBackend::openblas);
+    FAIL("set_gemm_backend(openblas) without OpenBLAS did not throw");
+  } catch (const invalid_argument& e) {
+    const std::string what = e.what();
+    CHECK(what.find("'openblas' is not available") != std::string::npos);
+    CHECK(what.find("COUPLEDQK_BLAS=OpenBLAS") != std::string::npos);
+    CHECK(what.find("accepted: eigen") != std::string::npos);
+  }
+#endif
+  set_gemm_backend(was);
+  Eigen::setNbThreads(max_threads());
 }

@@ -21,12 +21,17 @@
 //    (tested in tests/autodiff/test_no_alloc.cpp).
 //
 // Inside an OpenMP parallel region the product runs on the calling thread alone.
+//
+// Built with COUPLEDQK_USE_OPENBLAS (-DCOUPLEDQK_BLAS=OpenBLAS), each panel is one call of OpenBLAS's
+// serial sgemm_/dgemm_ instead of Eigen's kernel, on the same panels and threads (gemm_backend.hpp
+// says when it is not used and why).
 #pragma once
 
 #include <Eigen/Core>
 #include <algorithm>
 
 #include "error.hpp"
+#include "gemm_backend.hpp"
 #include "parallel.hpp"
 #include "types.hpp"
 
@@ -68,6 +73,7 @@ class GemmBlocking : public Eigen::internal::level3_blocking<S, S> {
 template <class S, int AOrder, int BOrder>
 void gemm_panel(Index M, Index N, Index K, const S* A, Index lda, const S* B, Index ldb, S* C, Index ldc,
                 S alpha) {
+  if (blas_panel<S, AOrder, BOrder>(M, N, K, A, lda, B, ldb, C, ldc, alpha)) return;  // OpenBLAS, when on
   // A row-major result is computed by Eigen as C^T = B^T A^T (column-major): an [N, K] x [K, M]
   // product, whose blocking this is.
   GemmBlocking<S> blocking(N, M, K);
@@ -80,6 +86,16 @@ void gemm_panel(Index M, Index N, Index K, const S* A, Index lda, const S* B, In
 /// Rows of C per panel are multiples of this (covers the kernel's column blocks nr <= 16), columns
 /// multiples of kColGrain (covers its row blocks mr = 3 packets <= 48 floats).
 inline constexpr Index kGemmRowGrain = 16, kGemmColGrain = 48;
+
+/// The fewest multiply-adds a panel on OpenBLAS's kernel holds (see gemm): 2^21, twice the size
+/// below which OpenBLAS 0.3.x may switch to its small-matrix kernels.
+inline constexpr double kBlasPanelWork = 2097152.0;
+
+namespace detail {
+inline double work_of(Index M, Index N, Index K) {
+  return static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+}
+}  // namespace detail
 
 /// C = alpha op(A) op(B) (accumulate = false) or C += alpha op(A) op(B) (accumulate = true).
 /// op(A): [M, K], op(B): [K, N], C: [M, N]. Allocates nothing once this thread (and, on several
@@ -116,8 +132,7 @@ void gemm(const ConstMatrixRef<S>& A, bool trans_a, const ConstMatrixRef<S>& B, 
   Index threads = 1;
 #ifdef _OPENMP
   if (!omp_in_parallel()) {
-    const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-    threads = std::min<Index>(Eigen::nbThreads(), std::max<Index>(1, static_cast<Index>(work / 50000.0)));
+    threads = std::min<Index>(Eigen::nbThreads(), std::max<Index>(1, static_cast<Index>(detail::work_of(M, N, K) / 50000.0)));
   }
 #endif
   // Split the rows of C when op(B) (re-packed by every panel) is the smaller operand, else the columns.
@@ -129,8 +144,26 @@ void gemm(const ConstMatrixRef<S>& A, bool trans_a, const ConstMatrixRef<S>& B, 
     panel(0, M, 0, N);
     return;
   }
-  const Index per = (units + threads - 1) / threads * grain;  // panel size, a multiple of the grain
-  const Index panels = (extent + per - 1) / per;
+  Index per = (units + threads - 1) / threads * grain;  // panel size, a multiple of the grain
+  Index panels = (extent + per - 1) / per;
+  if (gemm_backend() == GemmBackend::openblas) {
+    // OpenBLAS runs products of at most 10^6 multiply-adds on its small-matrix kernels (SkylakeX),
+    // which round differently from its blocked ones; every panel then holds at least
+    // kBlasPanelWork, so the whole product and each of its panels take the same kernel path and the
+    // thread count changes no bit. (Fewer panels while the last one is smaller than that.)
+    const double other = static_cast<double>(by_rows ? N : M) * static_cast<double>(K);
+    threads = std::min<Index>(threads, std::max<Index>(1, static_cast<Index>(detail::work_of(M, N, K) / kBlasPanelWork)));
+    for (;;) {
+      per = (units + threads - 1) / threads * grain;
+      panels = (extent + per - 1) / per;
+      if (panels <= 1 || static_cast<double>(extent - (panels - 1) * per) * other >= kBlasPanelWork) break;
+      threads = panels - 1;
+    }
+    if (panels <= 1) {
+      panel(0, M, 0, N);
+      return;
+    }
+  }
   // The team is OpenMP's default size (as every parallel loop of the library), panel p on thread p:
   // libgomp reuses a team of the same size without allocating, and each thread always gets the same
   // panels, so its packing buffers are sized once.
