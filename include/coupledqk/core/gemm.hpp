@@ -132,7 +132,8 @@ void gemm(const ConstMatrixRef<S>& A, bool trans_a, const ConstMatrixRef<S>& B, 
   Index threads = 1;
 #ifdef _OPENMP
   if (!omp_in_parallel()) {
-    threads = std::min<Index>(Eigen::nbThreads(), std::max<Index>(1, static_cast<Index>(detail::work_of(M, N, K) / 50000.0)));
+    threads = std::min<Index>(Eigen::nbThreads(),
+                              std::max<Index>(1, static_cast<Index>(detail::work_of(M, N, K) / 50000.0)));
   }
 #endif
   // Split the rows of C when op(B) (re-packed by every panel) is the smaller operand, else the columns.
@@ -144,25 +145,26 @@ void gemm(const ConstMatrixRef<S>& A, bool trans_a, const ConstMatrixRef<S>& B, 
     panel(0, M, 0, N);
     return;
   }
-  Index per = (units + threads - 1) / threads * grain;  // panel size, a multiple of the grain
-  Index panels = (extent + per - 1) / per;
-  if (gemm_backend() == GemmBackend::openblas) {
-    // OpenBLAS runs products of at most 10^6 multiply-adds on its small-matrix kernels (SkylakeX),
-    // which round differently from its blocked ones; every panel then holds at least
-    // kBlasPanelWork, so the whole product and each of its panels take the same kernel path and the
-    // thread count changes no bit. (Fewer panels while the last one is smaller than that.)
-    const double other = static_cast<double>(by_rows ? N : M) * static_cast<double>(K);
-    threads = std::min<Index>(threads, std::max<Index>(1, static_cast<Index>(detail::work_of(M, N, K) / kBlasPanelWork)));
-    for (;;) {
-      per = (units + threads - 1) / threads * grain;
-      panels = (extent + per - 1) / per;
-      if (panels <= 1 || static_cast<double>(extent - (panels - 1) * per) * other >= kBlasPanelWork) break;
-      threads = panels - 1;
-    }
-    if (panels <= 1) {
-      panel(0, M, 0, N);
-      return;
-    }
+  // On OpenBLAS's kernel every panel holds at least kBlasPanelWork multiply-adds: OpenBLAS runs
+  // products of at most 10^6 on its small-matrix kernels (SkylakeX), which round differently from its
+  // blocked ones, so the whole product and each of its panels then take the same kernel path and the
+  // thread count changes no bit (fewer panels while the last one is smaller than that).
+  const bool blas = gemm_backend() == GemmBackend::openblas;
+  if (blas)
+    threads = std::min<Index>(threads,
+                              std::max<Index>(1, static_cast<Index>(detail::work_of(M, N, K) / kBlasPanelWork)));
+  const double per_unit_work = static_cast<double>(by_rows ? N : M) * static_cast<double>(K);
+  Index per = 0, panels = 0;
+  for (;;) {
+    per = (units + threads - 1) / threads * grain;  // panel size, a multiple of the grain
+    panels = (extent + per - 1) / per;
+    if (!blas || panels <= 1 || static_cast<double>(extent - (panels - 1) * per) * per_unit_work >= kBlasPanelWork)
+      break;
+    threads = panels - 1;
+  }
+  if (panels <= 1) {
+    panel(0, M, 0, N);
+    return;
   }
   // The team is OpenMP's default size (as every parallel loop of the library), panel p on thread p:
   // libgomp reuses a team of the same size without allocating, and each thread always gets the same

@@ -94,7 +94,8 @@ inline GemmBackendState make_gemm_backend_state() {
                             std::to_string(Eigen::internal::packet_traits<float>::size) + " floats per packet)";
 #ifdef COUPLEDQK_USE_OPENBLAS
   openblas_set_num_threads(1);  // gemm's panels are the threads; a serial build ignores it
-  const std::string core = openblas_get_corename() ? openblas_get_corename() : "unknown";
+  const char* corename = openblas_get_corename();
+  const std::string core = corename ? corename : "unknown";
   std::string config = openblas_get_config() ? openblas_get_config() : "OpenBLAS";
   // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ... SkylakeX SINGLE_THREADED": the name and version
   const std::size_t space = config.find(' ', config.find(' ') + 1);
