@@ -6,6 +6,7 @@
 // Eigen's GEMMs, the attention layer's loops and the row kernels run on two threads.
 #include <doctest/doctest.h>
 
+#include <coupledqk/core/gemm_backend.hpp>
 #include <coupledqk/core/parallel.hpp>
 #include <coupledqk/model/gpt.hpp>
 #include <coupledqk/optim/adamw.hpp>
@@ -98,7 +99,7 @@ static void use_all_threads() {
 
 TEST_CASE("two identical training runs are bit-identical") {
   use_all_threads();
-  MESSAGE("threads: ", max_threads(), " (Eigen: ", Eigen::nbThreads(), ")");
+  MESSAGE("threads: ", max_threads(), " (Eigen: ", Eigen::nbThreads(), "); gemm backend: ", gemm_backend_description());
   const Run a = full_run(false), b = full_run(false);
   check_identical(a, b);
   // training did something (the check above is not comparing two untouched models)

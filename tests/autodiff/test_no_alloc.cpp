@@ -256,6 +256,10 @@ TEST_CASE("gemm's backend: OpenBLAS only on its proper kernels, and a clear erro
   CHECK_FALSE(openblas_core_too_narrow("Haswell", true, true, true).empty());  // AVX2 kernels on an AVX-512 Xeon
   CHECK(openblas_core_too_narrow("Prescott", false, true, false).find("OPENBLAS_CORETYPE=Haswell") !=
         std::string::npos);
+  // (openblas_get_parallel(): 0 single-threaded build, 1 pthreads, 2 OpenMP)
+  CHECK(detail::openblas_build_unsafe(1).empty());
+  CHECK(detail::openblas_build_unsafe(2).empty());
+  CHECK(detail::openblas_build_unsafe(0).find("libopenblas-pthread-dev") != std::string::npos);
 
   const GemmBackend was = gemm_backend();
   MESSAGE("gemm backend: ", gemm_backend_description());

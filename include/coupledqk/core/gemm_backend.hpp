@@ -3,7 +3,7 @@
 // Eigen's register-blocked kernel reaches ~97% of OpenBLAS's SGEMM on AMD Zen 4, where AVX-512
 // runs at half rate, but leaves a fifth of an Intel AVX-512 core unused. Compiled with
 // COUPLEDQK_USE_OPENBLAS (CMake: -DCOUPLEDQK_BLAS=OpenBLAS, which also links the library, Debian's
-// serial build preferred), gemm's panels call OpenBLAS's sgemm_/dgemm_ instead, one call per panel
+// pthread build preferred), gemm's panels call OpenBLAS's sgemm_/dgemm_ instead, one call per panel
 // on the panel's thread, with OpenBLAS's own threading turned off: the threads and the panel
 // boundaries stay gemm's, so the thread count still changes no bit (tests/autodiff/test_no_alloc.cpp
 // checks it for this build). What the option gives up: the bits are OpenBLAS's, not Eigen's (a run
@@ -18,8 +18,14 @@
 // gemm_backend_description(), with the remedy (OPENBLAS_CORETYPE). On AMD, OpenBLAS's AVX2 "Zen"
 // kernels are its proper ones for Zen 4 too.
 //
+// gemm calls OpenBLAS from several threads at once, which needs a threaded build of OpenBLAS
+// (pthread or OpenMP: their buffer allocation is locked). Debian's single-threaded build
+// (openblas-serial, 0.3.21) called that way gave different training losses from run to run on
+// 2026-12-07 (tests/autodiff/test_determinism.cpp, 2 threads: 5 of 8 runs failed; the pthread build:
+// 0 of 8), so a serial build is refused in the same way, with the package to install instead.
+//
 //     coupledqk::gemm_backend()                    GemmBackend::eigen or GemmBackend::openblas
-//     coupledqk::gemm_backend_description()        e.g. "OpenBLAS 0.3.21 (core SkylakeX, serial)"
+//     coupledqk::gemm_backend_description()        e.g. "OpenBLAS 0.3.21 (core SkylakeX, pthread build, its threads off)"
 //     coupledqk::set_gemm_backend(GemmBackend::eigen)   for side-by-side measurements
 #pragma once
 
@@ -81,6 +87,15 @@ inline std::string openblas_core_too_narrow(const std::string& core, bool avx512
   return {};
 }
 
+/// Is the OpenBLAS build unsafe to call from several threads at once? `parallel`: what
+/// openblas_get_parallel() says (0 single-threaded build, 1 pthreads, 2 OpenMP). Empty: safe; else why.
+inline std::string openblas_build_unsafe(int parallel) {
+  if (parallel != 0) return {};
+  return "this is OpenBLAS's single-threaded build (e.g. Debian's openblas-serial), which is not safe to call "
+         "from gemm's threads at once (runs gave different bits); link a threaded build instead (Debian: "
+         "libopenblas-pthread-dev, or libopenblas-openmp-dev; gemm still turns OpenBLAS's own threads off)";
+}
+
 struct GemmBackendState {
   GemmBackend available = GemmBackend::eigen;  // what this build and CPU can run
   GemmBackend active = GemmBackend::eigen;     // what gemm uses now
@@ -107,8 +122,11 @@ inline GemmBackendState make_gemm_backend_state() {
   avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   intel = __builtin_cpu_is("intel");
 #endif
-  const std::string why = openblas_core_too_narrow(core, avx512, avx2, intel);
-  const std::string openblas = config + " (core " + core + (openblas_get_parallel() == 0 ? ", serial)" : ", its threads off)");
+  const int parallel = openblas_get_parallel();
+  std::string why = openblas_build_unsafe(parallel);
+  if (why.empty()) why = openblas_core_too_narrow(core, avx512, avx2, intel);
+  const std::string openblas =
+      config + " (core " + core + (parallel == 2 ? ", OpenMP build" : ", pthread build") + ", its threads off)";
   if (why.empty()) {
     s.available = s.active = GemmBackend::openblas;
     s.description = openblas;
