@@ -23,6 +23,9 @@
 // (openblas-serial, 0.3.21) called that way gave different training losses from run to run on
 // 2026-12-07 (tests/autodiff/test_determinism.cpp, 2 threads: 5 of 8 runs failed; the pthread build:
 // 0 of 8), so a serial build is refused in the same way, with the package to install instead.
+// OpenBLAS's thread count is process-wide: gemm sets it to one at its first product, and a program
+// that raises it again (openblas_set_num_threads, OPENBLAS_NUM_THREADS is read only at load) gets
+// OpenBLAS's threads inside gemm's panels, and the same-bits guarantee no longer holds.
 //
 //     coupledqk::gemm_backend()                    GemmBackend::eigen or GemmBackend::openblas
 //     coupledqk::gemm_backend_description()        e.g. "OpenBLAS 0.3.21 (core SkylakeX, pthread build, its threads off)"
