@@ -111,7 +111,7 @@ inline GemmBackendState make_gemm_backend_state() {
                             "." + std::to_string(EIGEN_MINOR_VERSION) + " gebp kernel (" +
                             std::to_string(Eigen::internal::packet_traits<float>::size) + " floats per packet)";
 #ifdef COUPLEDQK_USE_OPENBLAS
-  openblas_set_num_threads(1);  // gemm's panels are the threads; a serial build ignores it
+  openblas_set_num_threads(1);  // gemm's panels are the threads
   const char* corename = openblas_get_corename();
   const std::string core = corename ? corename : "unknown";
   std::string config = openblas_get_config() ? openblas_get_config() : "OpenBLAS";
