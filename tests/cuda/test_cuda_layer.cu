@@ -241,7 +241,9 @@ void check_all(double tol, double grad_tol) {
 
 }  // namespace
 
+#if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE("cuda layer matches the CPU layer, float32") { check_all<float>(1e-4, 1e-4); }
+#endif
 
 TEST_CASE("cuda layer matches the CPU layer, bf16 storage") { check_all<bf16>(bf16_tolerance(), bf16_gradient_tolerance()); }
 
@@ -293,7 +295,9 @@ void check_masks(double tol, double grad_tol) {
               std::is_same_v<T, bf16> ? "bf16" : "f32", w.y, w.grad);
 }
 
+#if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE("masks and positions: cuda layer matches the CPU layer, float32") { check_masks<float>(1e-4, 1e-4); }
+#endif
 
 TEST_CASE("masks and positions: cuda layer matches the CPU layer, bf16 storage") {
   check_masks<bf16>(bf16_tolerance(), bf16_gradient_tolerance());
@@ -346,12 +350,15 @@ void check_default_bits() {
 
 TEST_CASE("cuda layer: the default mask gives the same bits over B x T rows as over full-length padded or packed "
           "sequences") {
+#if COUPLEDQK_TEST_FLOAT_CASES
   check_default_bits<cqk::Leapfrog<1>, cqk::Softmax, float>();
   check_default_bits<cqk::Leapfrog<1>, cqk::Differential, float>();
+#endif
   check_default_bits<cqk::Leapfrog<1>, cqk::Softmax, bf16>();
   check_default_bits<cqk::Leapfrog<1>, cqk::Differential, bf16>();
 }
 
+#if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE("cuda layer: parameters round-trip through the flat device array") {
   cqk::AttentionConfig config;
   config.dim = 64;
@@ -371,7 +378,9 @@ TEST_CASE("cuda layer: parameters round-trip through the flat device array") {
     CHECK(same);
   });
 }
+#endif
 
+#if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE("cuda layer: bad sizes are rejected with the CPU layer's messages") {
   cqk::AttentionConfig config;
   config.dim = 60;
@@ -383,3 +392,4 @@ TEST_CASE("cuda layer: bad sizes are rejected with the CPU layer's messages") {
     CHECK(std::string(e.what()).find("divisible") != std::string::npos);
   }
 }
+#endif

@@ -215,15 +215,19 @@ void check_all_shapes() {
     }
 }
 
+#if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE("DeviceScoring<Softmax> matches the CPU reference, float storage") {
   check_all_shapes<coupledqk::Softmax, float>();
 }
+#endif
 TEST_CASE("DeviceScoring<Softmax> matches the CPU reference, bf16 storage") {
   check_all_shapes<coupledqk::Softmax, bf16>();
 }
+#if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE("DeviceScoring<Differential> matches the CPU reference, float storage") {
   check_all_shapes<coupledqk::Differential, float>();
 }
+#endif
 TEST_CASE("DeviceScoring<Differential> matches the CPU reference, bf16 storage") {
   check_all_shapes<coupledqk::Differential, bf16>();
 }
@@ -275,9 +279,13 @@ void check_causality() {
 }
 
 TEST_CASE("device scoring is causal: rows <= t do not change when later tokens do") {
+#if COUPLEDQK_TEST_FLOAT_CASES
   check_causality<coupledqk::Softmax, float>();
+#endif
   check_causality<coupledqk::Softmax, bf16>();
+#if COUPLEDQK_TEST_FLOAT_CASES
   check_causality<coupledqk::Differential, float>();
+#endif
   check_causality<coupledqk::Differential, bf16>();
 }
 
@@ -415,11 +423,15 @@ void check_masked_all() {
 }
 
 TEST_CASE("masks and sequences: DeviceScoring<Softmax> matches the CPU reference, float and bf16 storage") {
+#if COUPLEDQK_TEST_FLOAT_CASES
   check_masked_all<coupledqk::Softmax, float>();
+#endif
   check_masked_all<coupledqk::Softmax, bf16>();
 }
 TEST_CASE("masks and sequences: DeviceScoring<Differential> matches the CPU reference, float and bf16 storage") {
+#if COUPLEDQK_TEST_FLOAT_CASES
   check_masked_all<coupledqk::Differential, float>();
+#endif
   check_masked_all<coupledqk::Differential, bf16>();
 }
 
@@ -462,7 +474,9 @@ void check_window_skips_tiles(bool causal) {
 
 TEST_CASE("masks: a window skips the key tiles its query tile does not reach (forward and dQ)") {
   for (bool causal : {true, false}) {
+#if COUPLEDQK_TEST_FLOAT_CASES
     check_window_skips_tiles<float>(causal);
+#endif
     check_window_skips_tiles<bf16>(causal);
   }
 }
@@ -571,7 +585,9 @@ void check_flash_layout(Index dqk, Index dvw, Kernels kernels) {
 
 TEST_CASE("flash kernels: uneven widths, padded strides, lse; FMA and tensor-core kernels") {
   for (auto [dqk, dvw] : {std::pair<Index, Index>{40, 72}, {8, 200}, {128, 3}, {1, 1}, {64, 128}}) {
+#if COUPLEDQK_TEST_FLOAT_CASES
     check_flash_layout<float>(dqk, dvw, Kernels::automatic);
+#endif
     check_flash_layout<bf16>(dqk, dvw, Kernels::fma);
     // the tensor-core kernels take values up to 128 wide (sm_80+, which the CUDA tests build for)
     if (dvw <= 128) check_flash_layout<bf16>(dqk, dvw, Kernels::tensor_cores);
@@ -590,6 +606,7 @@ std::string message_of(F&& f) {
   return "(no std::invalid_argument thrown)";
 }
 
+#if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE("unsupported head widths are rejected with a message naming the value") {
   DeviceBuffer<float> buf(4096);
   for (Index bad : {Index(0), Index(200)}) {
@@ -632,5 +649,6 @@ TEST_CASE("unsupported head widths are rejected with a message naming the value"
                                                                      buf.data(), buf.data(), nullptr, nullptr);
         }).find("heads = 3") != std::string::npos);
 }
+#endif
 
 }  // namespace
