@@ -3,8 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <limits>
+#include <tuple>
 
-#include <coupledqk/model/gpt.hpp>
+// make_gpt<float> by name through the compiled table (this test links coupledqk::variants_models)
+#include <coupledqk/variants.hpp>
 
 #include "helpers.hpp"
 
@@ -25,10 +27,43 @@ GptConfig tiny(const std::string& attention, int steps = 1) {
   return c;
 }
 
+template <class I, class Sc>
+struct Policies {
+  using integrator = I;
+  using scoring = Sc;
+};
+/// The double models these tests use, by type. make_gpt<double> by name would compile every entry
+/// of the built-in table at double into this file, the largest compile of the project's build
+/// (issue 26; docs/design.md); make_gpt by name is checked at float through the compiled table
+/// (variants.hpp) below, the configuration errors included.
+using DoubleModels =
+    std::tuple<Policies<Identity, Softmax>, Policies<Leapfrog<1>, Softmax>, Policies<Leapfrog<2>, Softmax>,
+               Policies<Leapfrog<3>, Softmax>, Policies<Euler<1>, Softmax>, Policies<Uncoupled<3>, Softmax>,
+               Policies<Leapfrog<1>, Differential>, Policies<Leapfrog<2>, Differential>,
+               Policies<Leapfrog<3>, Differential>, Policies<Euler<1>, Differential>>;
+
+/// The Gpt<double, I, Sc> of DoubleModels that the built-in table names config.attention with
+/// config.steps steps (what make_gpt<double>(config, seed) builds).
+std::unique_ptr<AnyGpt<double>> make_double_gpt(const GptConfig& config, std::uint64_t seed) {
+  std::unique_ptr<AnyGpt<double>> out;
+  auto consider = [&](auto policies) {
+    using I = typename decltype(policies)::integrator;
+    using Sc = typename decltype(policies)::scoring;
+    const auto name = builtin_variants.name_of<I, Sc>();
+    bool steps_match = true;
+    if constexpr (I::has_dynamics) steps_match = I::steps == config.steps;
+    if (!out && name && *name == config.attention && steps_match)
+      out = std::make_unique<Gpt<double, I, Sc>>(config, seed, config.attention);
+  };
+  std::apply([&](auto... p) { (consider(p), ...); }, DoubleModels{});
+  REQUIRE_MESSAGE(out != nullptr, "'", config.attention, "' with ", config.steps, " steps is not in DoubleModels");
+  return out;
+}
+
 /// Central differences of evaluate() against loss()'s gradients, every parameter tensor.
 void check_model_gradients(const GptConfig& cfg) {
   const Index B = 2, T = cfg.context;
-  auto model = make_gpt<double>(cfg, 21);
+  auto model = make_double_gpt(cfg, 21);
   // move every parameter off its initial value (LayerNorm gains 1, biases 0, ...) so that no
   // gradient is special
   Rng rng(22);
@@ -81,7 +116,7 @@ TEST_CASE("whole-model gradients match central differences: diff-euler and uncou
 }
 
 TEST_CASE("gradients accumulate across calls of loss() until zero_grad()") {
-  auto model = make_gpt<double>(tiny("leapfrog"), 3);
+  auto model = make_double_gpt(tiny("leapfrog"), 3);
   Rng rng(4);
   const auto tokens = random_ids(10, 11, rng), targets = random_ids(10, 11, rng);
   Tape<double> tape;
@@ -99,7 +134,7 @@ TEST_CASE("gradients accumulate across calls of loss() until zero_grad()") {
 }
 
 TEST_CASE("parameter names, order and shapes; gradients mirror them") {
-  auto model = make_gpt<double>(tiny("diff-leapfrog", 3), 1);
+  auto model = make_double_gpt(tiny("diff-leapfrog", 3), 1);
   const auto p = model->parameters(), g = model->gradients();
   std::vector<std::string> names;
   for (const auto& v : p) names.push_back(v.name);
@@ -151,7 +186,7 @@ TEST_CASE("initialisation: GPT-2 scales, residual projections scaled by 1/sqrt(2
   c.heads = 4;
   c.layers = 8;
   c.vocab = 500;
-  auto a = make_gpt<double>(c, 7), b = make_gpt<double>(c, 7), other = make_gpt<double>(c, 8);
+  auto a = make_double_gpt(c, 7), b = make_double_gpt(c, 7), other = make_double_gpt(c, 8);
   const auto pa = a->parameters(), pb = b->parameters(), po = other->parameters();
   bool differs = false;
   for (std::size_t k = 0; k < pa.size(); ++k) {
@@ -181,7 +216,7 @@ TEST_CASE("loss at initialisation is close to log(vocab); logits are [B*T, V] an
   GptConfig c = tiny("leapfrog");
   c.vocab = 50;
   c.context = 8;
-  auto model = make_gpt<double>(c, 2);
+  auto model = make_double_gpt(c, 2);
   Rng rng(3);
   auto tokens = random_ids(16, 50, rng);
   const auto targets = random_ids(16, 50, rng);
@@ -256,9 +291,8 @@ TEST_CASE("float model agrees with the double model built from the same seed") {
   c.dim = 16;
   c.heads = 4;
   c.context = 12;
-  // (float through the compiled type: make_gpt<float> would compile all 44 variants once more)
-  auto md = make_gpt<double>(c, 5);
-  auto mf = std::make_unique<Gpt<float, Leapfrog<2>, Differential>>(c, 5);
+  auto md = make_double_gpt(c, 5);
+  auto mf = make_gpt<float>(c, 5);
   Rng rng(6);
   const auto tokens = random_ids(24, 40, rng), targets = random_ids(24, 40, rng);
   Tape<double> td;
@@ -282,18 +316,27 @@ TEST_CASE("float model agrees with the double model built from the same seed") {
 }
 
 TEST_CASE("make_gpt builds every registered variant; visit_gpt reaches the compiled model") {
+  // at float, the scalar of the compiled table (variants.hpp): every entry by name, as the trainer
+  // builds them; the double models above are the same template
   for (const auto& name : attention_names()) {
     GptConfig c = tiny(name, 2);
-    auto m = make_gpt<double>(c, 1);
+    auto m = make_gpt<float>(c, 1);
     CHECK(m->config().attention == name);
-    const bool dynamic = name != "standard" && name != "diff";
-    CHECK((m->parameter_report().dynamics > 0) == dynamic);
+    CHECK((m->parameter_report().dynamics > 0) == builtin_variants.info(name).has_dynamics);
     const Index layers = visit_gpt(*m, [](auto& g) {
       CHECK(g.layer(0).config().layer_index == 0);
       CHECK(g.layer(1).config().layer_index == 1);
       return g.layers();
     });
     CHECK(layers == 2);
+  }
+  // make_double_gpt builds what make_gpt names
+  for (const GptConfig& c : {tiny("standard"), tiny("leapfrog", 3), tiny("diff-euler"), tiny("uncoupled", 3)}) {
+    const auto d = make_double_gpt(c, 1);
+    const auto f = make_gpt<float>(c, 1);
+    CHECK(d->config().attention == f->config().attention);
+    CHECK(d->config().steps == f->config().steps);
+    CHECK(d->parameter_report().total == f->parameter_report().total);
   }
   // a Gpt built directly names its variant from its policies
   Gpt<double, Euler<4>, Differential> direct(tiny("standard", 1), 0);
@@ -308,26 +351,26 @@ TEST_CASE("bad configurations and inputs are rejected with the value seen and wh
     edit(c);
     return c;
   };
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.dim = 10; c.heads = 3; })),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.dim = 10; c.heads = 3; })),
                        Contains("divisible by heads (H); got D = 10, H = 3"), coupledqk::invalid_argument);
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.vocab = 0; })), Contains("vocab (V) must be positive; got 0"),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.vocab = 0; })), Contains("vocab (V) must be positive; got 0"),
                        coupledqk::invalid_argument);
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.dim = 0; })), Contains("dim (D) must be positive; got 0"),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.dim = 0; })), Contains("dim (D) must be positive; got 0"),
                        coupledqk::invalid_argument);
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.layers = 0; })), Contains("layers (L) must be positive"),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.layers = 0; })), Contains("layers (L) must be positive"),
                        coupledqk::invalid_argument);
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.heads = 0; })), Contains("heads (H) must be positive"),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.heads = 0; })), Contains("heads (H) must be positive"),
                        coupledqk::invalid_argument);
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.context = -1; })), Contains("context"),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.context = -1; })), Contains("context"),
                        coupledqk::invalid_argument);
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.attention = "leap"; })),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.attention = "leap"; })),
                        Contains("unknown attention variant 'leap'; accepted: standard, leapfrog"), coupledqk::invalid_argument);
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.steps = 8; })), Contains("steps must be in 1..7; got 8"),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.steps = 8; })), Contains("steps must be in 1..7; got 8"),
                        coupledqk::invalid_argument);
-  CHECK_THROWS_WITH_AS(make_gpt<double>(bad([](GptConfig& c) { c.attention = "diff"; c.dim = 9; c.heads = 3; })),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(bad([](GptConfig& c) { c.attention = "diff"; c.dim = 9; c.heads = 3; })),
                        Contains("head count must be even; got heads = 3"), coupledqk::invalid_argument);
 
-  auto model = make_gpt<double>(tiny("leapfrog"), 0);
+  auto model = make_double_gpt(tiny("leapfrog"), 0);
   Tape<double> tape;
   const std::vector<std::int32_t> ok(10, 1), long_seq(12, 1), odd(9, 1);
   std::vector<std::int32_t> big = ok, negative = ok;
@@ -374,9 +417,9 @@ std::vector<std::string> names_of(AnyGpt<double>& m) {
 }  // namespace
 
 TEST_CASE("rope and none GPTs have no wpe; learned is the default and keeps it") {
-  auto learned = make_gpt<double>(tiny("leapfrog"), 3);
-  auto rope = make_gpt<double>(with_positions(tiny("leapfrog"), GptPositions::rope), 3);
-  auto none = make_gpt<double>(with_positions(tiny("leapfrog"), GptPositions::none), 3);
+  auto learned = make_double_gpt(tiny("leapfrog"), 3);
+  auto rope = make_double_gpt(with_positions(tiny("leapfrog"), GptPositions::rope), 3);
+  auto none = make_double_gpt(with_positions(tiny("leapfrog"), GptPositions::none), 3);
   CHECK(GptConfig{}.positions == GptPositions::learned);
   const auto ln = names_of(*learned), rn = names_of(*rope);
   CHECK(std::find(ln.begin(), ln.end(), "wpe") != ln.end());
@@ -409,7 +452,7 @@ TEST_CASE("the KV-cache decoder equals the full forward with rope and with a win
     CAPTURE(c.attention);
     CAPTURE(to_string(c.positions));
     CAPTURE(c.window);
-    auto model = make_gpt<double>(c, 8);
+    auto model = make_double_gpt(c, 8);
     Rng rng(9);
     const auto ids = random_ids(c.context, c.vocab, rng);
     Tape<double> tape;
@@ -426,8 +469,8 @@ TEST_CASE("rotary positions: the model sees order; a window bounds what a token 
   Tape<double> tape;
   GptConfig one = tiny("leapfrog");
   one.layers = 1;
-  auto rope = make_gpt<double>(with_positions(one, GptPositions::rope), 4);
-  auto none = make_gpt<double>(with_positions(one, GptPositions::none), 4);
+  auto rope = make_double_gpt(with_positions(one, GptPositions::rope), 4);
+  auto none = make_double_gpt(with_positions(one, GptPositions::none), 4);
   auto last = [&](AnyGpt<double>& m, const std::vector<std::int32_t>& ids) {
     return Matrix<double>(m.logits(tape, ids, 1).bottomRows(1));
   };
@@ -437,7 +480,7 @@ TEST_CASE("rotary positions: the model sees order; a window bounds what a token 
   CHECK((last(*none, a) - last(*none, swapped)).cwiseAbs().maxCoeff() <= 1e-12);
   // two layers with a window of 2: position 4 reads positions 3..4, which read 2..4; tokens 0 and 1
   // change nothing there, token 2 does
-  auto windowed = make_gpt<double>(with_positions(tiny("leapfrog"), GptPositions::rope, RopeOrder::dynamics_then_rotate, 2), 4);
+  auto windowed = make_double_gpt(with_positions(tiny("leapfrog"), GptPositions::rope, RopeOrder::dynamics_then_rotate, 2), 4);
   const std::vector<std::int32_t> far{7, 8, 3, 4, 5}, near{1, 2, 9, 4, 5};
   CHECK((last(*windowed, a) - last(*windowed, far)).cwiseAbs().maxCoeff() == 0.0);
   CHECK((last(*windowed, a) - last(*windowed, near)).cwiseAbs().maxCoeff() > 1e-9);
@@ -456,13 +499,13 @@ TEST_CASE("positions: names and bad settings are refused with the value seen and
                        coupledqk::invalid_argument);
   GptConfig c = with_positions(tiny("leapfrog"), GptPositions::rope);
   c.window = -1;
-  CHECK_THROWS_WITH_AS(make_gpt<double>(c), doctest::Contains("window must be >= 0"), coupledqk::invalid_argument);
+  CHECK_THROWS_WITH_AS(make_gpt<float>(c), doctest::Contains("window must be >= 0"), coupledqk::invalid_argument);
   c.window = 0;
   c.rope_base = 1.0;
-  CHECK_THROWS_WITH_AS(make_gpt<double>(c), doctest::Contains("rope_base must be finite and > 1; got 1"),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(c), doctest::Contains("rope_base must be finite and > 1; got 1"),
                        coupledqk::invalid_argument);
   c.rope_base = 10000;
   c.dim = 6;  // D/H = 3
-  CHECK_THROWS_WITH_AS(make_gpt<double>(c), doctest::Contains("needs an even head width D/H; got D/H = 3"),
+  CHECK_THROWS_WITH_AS(make_gpt<float>(c), doctest::Contains("needs an even head width D/H; got D/H = 3"),
                        coupledqk::invalid_argument);
 }

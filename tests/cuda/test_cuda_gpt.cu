@@ -26,6 +26,7 @@
 #include <coupledqk/model/gpt.hpp>
 #include <coupledqk/optim/adamw.hpp>
 
+#include "cpu_models.hpp"
 #include "cuda_test_support.cuh"
 
 #if __has_include("trainer/backend.hpp") && __has_include("records/checkpoint.hpp")
@@ -39,17 +40,13 @@ using namespace coupledqk;
 using coupledqk::cuda::bf16;
 using coupledqk::cuda::DeviceBuffer;
 using coupledqk::cuda::testing::bf16_tolerance;
+using coupledqk::cuda::testing::cpu_model;
+using coupledqk::cuda::testing::Variant;
 using coupledqk::cuda::testing::random_vector;
 using coupledqk::cuda::testing::relative_error;
 using coupledqk::cuda::testing::relative_l2;
 using coupledqk::cuda::testing::to_device;
 using coupledqk::cuda::testing::to_host;
-
-template <class I, class Sc>
-struct Variant {
-  using integrator = I;
-  using scoring = Sc;
-};
 
 constexpr Index kB = 3, kT = 24;
 
@@ -92,8 +89,7 @@ std::vector<float> flat_all(const std::vector<TensorView<S>>& views) {
 }
 
 /// Copies the float model's parameters into a double model of the same variant and sizes.
-template <class I, class Sc>
-void copy_parameters(Gpt<float, I, Sc>& from, Gpt<double, I, Sc>& to) {
+void copy_parameters(AnyGpt<float>& from, AnyGpt<double>& to) {
   auto src = from.parameters();
   auto dst = to.parameters();
   REQUIRE(src.size() == dst.size());
@@ -110,8 +106,11 @@ constexpr bool is_bf16 = std::is_same_v<T, bf16>;
 
 template <class I, class Sc, class T>
 void check_gradients(const GptConfig& cfg = tiny_config()) {
-  Gpt<float, I, Sc> host(cfg, 5);
-  Gpt<double, I, Sc> ref(cfg, 5);
+  // (the CPU models are compiled once for the three builds of this test: cpu_models.hpp)
+  const auto host_model = cpu_model<float, I, Sc>(cfg, 5);
+  const auto ref_model = cpu_model<double, I, Sc>(cfg, 5);
+  AnyGpt<float>& host = *host_model;
+  AnyGpt<double>& ref = *ref_model;
   copy_parameters(host, ref);
   const Batch batch = random_batch(17, cfg.vocab, kB * kT);
 
@@ -186,7 +185,8 @@ void check_training() {
   oc.clip_norm = 1.0;
   const int steps = 10;
 
-  Gpt<float, I, Sc> host(cfg, 7);
+  const auto host_model = cpu_model<float, I, Sc>(cfg, 7);
+  AnyGpt<float>& host = *host_model;
   coupledqk::AdamW<float> opt_cpu(host.parameters(), host.gradients(), oc);
   cuda::Gpt<I, Sc, T> dev(cfg);
   dev.upload(host);
@@ -199,7 +199,7 @@ void check_training() {
     float lc, ld;
     StepReport rc, rd;
   };
-  const auto step_both = [&](Gpt<float, I, Sc>& cpu, coupledqk::AdamW<float>& opt, int s) {
+  const auto step_both = [&](AnyGpt<float>& cpu, coupledqk::AdamW<float>& opt, int s) {
     const Batch b = random_batch(100 + std::uint64_t(s), cfg.vocab, kB * kT);
     Both r{};
     cpu.zero_grad();
@@ -227,7 +227,8 @@ void check_training() {
 
   // The device state into a fresh CPU model (another seed: everything must come from the device)
   // and a fresh CPU optimiser.
-  Gpt<float, I, Sc> host2(cfg, 99);
+  const auto host2_model = cpu_model<float, I, Sc>(cfg, 99);
+  AnyGpt<float>& host2 = *host2_model;
   coupledqk::AdamW<float> opt2(host2.parameters(), host2.gradients(), oc);
   dev.download(host2);
   opt_dev.download(opt2);
@@ -277,7 +278,8 @@ void check_training() {
   opt_dev2.upload(opt2);
   CHECK(opt_dev2.steps_done() == opt2.steps_done());
   CHECK(dev2.download_parameters() == flat_all(host2.parameters()));
-  Gpt<float, I, Sc> host3(cfg, 3);
+  const auto host3_model = cpu_model<float, I, Sc>(cfg, 3);
+  AnyGpt<float>& host3 = *host3_model;
   coupledqk::AdamW<float> opt3(host3.parameters(), host3.gradients(), oc);
   opt_dev2.download(opt3);
   CHECK(flat_all(opt3.state()) == flat_all(opt2.state()));
@@ -447,11 +449,7 @@ TEST_CASE("kernels: AdamW update and gradient norm match optim/adamw.hpp") {
 
 // ---- the model ----------------------------------------------------------------------------------------
 
-#define COUPLEDQK_GPT_VARIANTS                                                                               \
-  Variant<Identity, Softmax>, Variant<Leapfrog<1>, Softmax>, Variant<Leapfrog<3>, Softmax>,                  \
-      Variant<Euler<1>, Softmax>, Variant<Uncoupled<1>, Softmax>, Variant<Identity, Differential>,           \
-      Variant<Leapfrog<1>, Differential>, Variant<Affine<2>, Differential>, Variant<NewtonLeapfrog<1>, Softmax>,  \
-      Variant<Drift<1>, Differential>
+// (COUPLEDQK_GPT_VARIANTS: cpu_models.hpp, where their CPU models are compiled)
 
 #if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE_TEMPLATE("cuda gpt: loss and every gradient match the CPU model (float32)", V, COUPLEDQK_GPT_VARIANTS) {
@@ -502,7 +500,8 @@ TEST_CASE_TEMPLATE("cuda gpt: rope in both orders, no positions, windows: loss a
 #if COUPLEDQK_TEST_FLOAT_CASES
 TEST_CASE("cuda gpt: layout, workspace growth and errors") {
   const GptConfig cfg = tiny_config();
-  Gpt<float, Leapfrog<1>, Softmax> host(cfg, 1);
+  const auto host_model = cpu_model<float, Leapfrog<1>, Softmax>(cfg, 1);
+  AnyGpt<float>& host = *host_model;
   cuda::Gpt<Leapfrog<1>, Softmax, float> dev(cfg);
   // the specs are the CPU views: names, shapes, contiguous
   const auto views = host.parameters();
@@ -532,13 +531,13 @@ TEST_CASE("cuda gpt: layout, workspace growth and errors") {
   }
 
   // another variant with the same shapes (3 steps) is refused
-  Gpt<float, Leapfrog<3>, Softmax> other(cfg, 1);
-  CHECK_THROWS_WITH_AS(dev.upload(other), doctest::Contains("the host model is 'leapfrog' (3 steps)"),
+  const auto other = cpu_model<float, Leapfrog<3>, Softmax>(cfg, 1);
+  CHECK_THROWS_WITH_AS(dev.upload(*other), doctest::Contains("the host model is 'leapfrog' (3 steps)"),
                        coupledqk::invalid_argument);
   GptConfig bigger = cfg;
   bigger.dim = 48;
-  Gpt<float, Leapfrog<1>, Softmax> wide(bigger, 1);
-  CHECK_THROWS_AS(dev.download(wide), coupledqk::invalid_argument);
+  const auto wide = cpu_model<float, Leapfrog<1>, Softmax>(bigger, 1);
+  CHECK_THROWS_AS(dev.download(*wide), coupledqk::invalid_argument);
 
   Batch b = random_batch(3, cfg.vocab, kB * kT);
   b.tokens[5] = 64;
@@ -630,8 +629,8 @@ TEST_CASE("cuda trainer (coupledqk-train --device cuda): registry models, host <
   using namespace coupledqk::train;
   CHECK(cuda_unavailable_reason().empty());
   const GptConfig cfg = tiny_config();
-  // (the CPU model built directly: make_gpt<float> would compile all 44 variants into this test)
-  auto host = std::make_unique<Gpt<float, Leapfrog<2>, Differential>>(cfg, 3);
+  // (the CPU model by type, compiled once: make_gpt<float> would compile the whole table into this test)
+  auto host = cpu_model<float, Leapfrog<2>, Differential>(cfg, 3);
   REQUIRE(host->config().attention == "diff-leapfrog");
   AdamWConfig oc;
   oc.lr = 1e-3;
@@ -651,7 +650,7 @@ TEST_CASE("cuda trainer (coupledqk-train --device cuda): registry models, host <
     CHECK(std::abs(dev->evaluate(b.tokens, b.targets, kB) - got) <= 1e-5f * std::abs(got));
     const StepReport r = dev->optimizer_step();
     CHECK(r.step == 1);
-    auto back = std::make_unique<Gpt<float, Leapfrog<2>, Differential>>(cfg, 99);
+    auto back = cpu_model<float, Leapfrog<2>, Differential>(cfg, 99);
     coupledqk::AdamW<float> opt_back(back->parameters(), back->gradients(), oc);
     dev->to_host(*back, opt_back);
     CHECK(opt_back.steps_done() == 1);
