@@ -12,7 +12,8 @@
 // mask/<kind>/<variant>/<pass>/B<B>/T<T>/D<D> for the masks and layouts (kind: causal, bidir,
 // causal-w<w>, bidir-w<w>; padded-half and packed-half: B sequences of T/2 tokens, right-padded to T
 // or packed end to end; GFLOP/s count the pairs each mask lets through); the GPT training step cases
-// (gpt/...) are in bench_gpt.cpp.
+// (gpt/...) are in bench_gpt.cpp. narrow/<product>/<gemm|small_gemm>: one product of a dynamics chunk on
+// one thread (peak_frac: of one thread's share of the peak).
 #include <benchmark/benchmark.h>
 
 #include <coupledqk/coupledqk.hpp>
@@ -170,6 +171,33 @@ void sgemm_benchmark(benchmark::State& state, bool eigen_driver) {
       benchmark::Counter(gflops_per_iteration / g_peak_gflops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One product of a dynamics chunk (256 rows, head size 64, hidden width 64) on one thread, as the
+// layer runs it inside its parallel loop over chunks: coupledqk::gemm against coupledqk::small_gemm
+// (core/small_gemm.hpp). product: x_At = x A^T (op(B) copied), act_B = act B (op(B) in place),
+// actT_ybar = act^T ybar (op(A) transposed, depth 256). GFLOP/s of 2 M N K.
+void narrow_benchmark(benchmark::State& state, std::string product, bool small) {
+  const cqk::Index P = 256, d = 64;
+  const bool ta = product == "actT_ybar", tb = product == "x_At";
+  cqk::Rng rng(6);
+  cqk::Matrix<float> a(P, d), b(ta ? P : d, d), c(ta ? d : P, d);
+  rng.fill_normal(a, 1.0);
+  rng.fill_normal(b, 1.0);
+  const int threads = Eigen::nbThreads();
+  Eigen::setNbThreads(1);  // as inside the layer's parallel loop: gemm on the calling thread
+  for (auto _ : state) {
+    if (small)
+      cqk::small_gemm<float>(a, ta, b, tb, c);
+    else
+      cqk::gemm<float>(a, ta, b, tb, c);
+    benchmark::DoNotOptimize(c.data());
+  }
+  Eigen::setNbThreads(threads);
+  const double gflops_per_iteration = 2.0 * double(P) * double(d) * double(d) / 1e9;
+  state.counters["GFLOPS"] = benchmark::Counter(gflops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_frac"] = benchmark::Counter(gflops_per_iteration / g_peak_gflops * cqk::max_threads(),
+                                                   benchmark::Counter::kIsIterationInvariantRate);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -231,6 +259,12 @@ int main(int argc, char** argv) {
       ->Arg(2048)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
+  for (const char* product : {"x_At", "act_B", "actT_ybar"})
+    for (bool small : {false, true})
+      benchmark::RegisterBenchmark((std::string("narrow/") + product + (small ? "/small_gemm" : "/gemm")).c_str(),
+                                   narrow_benchmark, product, small)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
   for (const std::string& v : cqk::attention_names())
     for (int steps : {1, 3}) {
       if (!cqk::builtin_variants.info(v).has_dynamics && steps != 1) continue;

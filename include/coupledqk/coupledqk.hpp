@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "core/parameters.hpp"
 #include "core/random.hpp"
+#include "core/small_gemm.hpp"
 #include "core/types.hpp"
 #include "dynamics/affine_coupling.hpp"
 #include "dynamics/hamiltonian.hpp"

@@ -21,7 +21,7 @@
 #include <cmath>
 
 #include "../core/error.hpp"
-#include "../core/gemm.hpp"
+#include "../core/small_gemm.hpp"
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
 #include "../core/types.hpp"
@@ -109,11 +109,11 @@ struct AffineCoupling {
   static void condition(const Cond& p, const Mat& w, const ConstMatrixRef<Scalar>& c, Mat& u, Mat& st) {
     const Index P = c.rows(), d = p.dim(), m = p.hidden();
     u.resize(P, m);
-    gemm<Scalar>(c, false, p.A, true, u);
+    small_gemm<Scalar>(c, false, p.A, true, u);
     u.rowwise() += p.a.transpose();
     u.array() = u.array().tanh();
     st.resize(P, 2 * d);
-    gemm<Scalar>(u, false, w, false, st);
+    small_gemm<Scalar>(u, false, w, false, st);
     st.leftCols(d).rowwise() += p.s.transpose();
     st.rightCols(d).rowwise() += p.t.transpose();
     st.leftCols(d).array() = Scalar(2) * (Scalar(0.5) * st.leftCols(d).array()).tanh();
@@ -161,15 +161,15 @@ struct AffineCoupling {
                             (Scalar(1) - Scalar(0.25) * s.square());
     G.rightCols(d).array() = dx.array().colwise() * h.array();
     dx.array() *= E.array();
-    gemm<Scalar>(u, true, G, false, dw, Scalar(1), true);  // dw += u^T G
+    small_gemm<Scalar>(u, true, G, false, dw, Scalar(1), true);  // dw += u^T G
     grad.s.noalias() += G.leftCols(d).colwise().sum().transpose();
     grad.t.noalias() += G.rightCols(d).colwise().sum().transpose();
     ubar.resize(P, m);
-    gemm<Scalar>(G, false, w, true, ubar);  // ubar = G w^T
+    small_gemm<Scalar>(G, false, w, true, ubar);  // ubar = G w^T
     ubar.array() *= Scalar(1) - u.array().square();
     grad.a.noalias() += ubar.colwise().sum().transpose();
-    gemm<Scalar>(ubar, true, c, false, grad.A, Scalar(1), true);  // dA += ubar^T c
-    gemm<Scalar>(ubar, false, p.A, false, dc, Scalar(1), true);   // dc += ubar A
+    small_gemm<Scalar>(ubar, true, c, false, grad.A, Scalar(1), true);  // dA += ubar^T c
+    small_gemm<Scalar>(ubar, false, p.A, false, dc, Scalar(1), true);   // dc += ubar A
   }
 
   /// Folds a stacked weight gradient dw [m, 2d] into grad.S, grad.T (+=).

@@ -23,7 +23,7 @@
 
 #include <cmath>
 
-#include "../core/gemm.hpp"
+#include "../core/small_gemm.hpp"
 #include "../core/parameters.hpp"
 #include "../core/random.hpp"
 #include "hamiltonian.hpp"
@@ -81,12 +81,12 @@ struct SiluForce {
   template <class S>
   static void evaluate(const parameters<S>& p, const ConstMatrixRef<S>& q, Matrix<S>& out, workspace<S>& ws) {
     ws.z.resize(q.rows(), p.F1.rows());
-    gemm<S>(q, false, p.F1, true, ws.z);  // q F1^T
+    small_gemm<S>(q, false, p.F1, true, ws.z);  // q F1^T
     ws.z.rowwise() += p.f1.transpose();
     ws.sig = (S(1) / (S(1) + (-ws.z.array()).exp())).matrix();
     ws.act = (ws.z.array() * ws.sig.array()).matrix();
     out.resize(q.rows(), p.F2.rows());
-    gemm<S>(ws.act, false, p.F2, true, out);  // silu(z) F2^T
+    small_gemm<S>(ws.act, false, p.F2, true, out);  // silu(z) F2^T
     out.rowwise() += p.f2.transpose();
   }
 
@@ -94,14 +94,14 @@ struct SiluForce {
   template <class S>
   static void vjp(const parameters<S>& p, const ConstMatrixRef<S>& q, workspace<S>& ws,
                   const ConstMatrixRef<S>& fbar, MatrixRef<S> qbar, parameters<S>& grad) {
-    gemm<S>(fbar, true, ws.act, false, grad.F2, S(1), true);  // dF2 += fbar^T silu(z)   [d, m]
+    small_gemm<S>(fbar, true, ws.act, false, grad.F2, S(1), true);  // dF2 += fbar^T silu(z)   [d, m]
     grad.f2.noalias() += fbar.colwise().sum().transpose();
     ws.zbar.resize(fbar.rows(), p.F2.cols());
-    gemm<S>(fbar, false, p.F2, false, ws.zbar);  // d silu = fbar F2   [P, m]
+    small_gemm<S>(fbar, false, p.F2, false, ws.zbar);  // d silu = fbar F2   [P, m]
     ws.zbar.array() *= ws.sig.array() * (S(1) + ws.z.array() * (S(1) - ws.sig.array()));
     grad.f1.noalias() += ws.zbar.colwise().sum().transpose();
-    gemm<S>(ws.zbar, true, q, false, grad.F1, S(1), true);  // dF1 += zbar^T q   [m, d]
-    gemm<S>(ws.zbar, false, p.F1, false, qbar, S(1), true);  // qbar += zbar F1
+    small_gemm<S>(ws.zbar, true, q, false, grad.F1, S(1), true);  // dF1 += zbar^T q   [m, d]
+    small_gemm<S>(ws.zbar, false, p.F1, false, qbar, S(1), true);  // qbar += zbar F1
   }
 };
 

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "../core/gemm.hpp"
+#include "../core/small_gemm.hpp"
 #include "../core/types.hpp"
 
 namespace coupledqk {
@@ -32,7 +32,7 @@ struct TanhMap {
                     const Vector<S>* scale, const Matrix<S>& B, Matrix<S>& act, Matrix<S>& y,
                     TanhScratch<S>& ws) {
     act.resize(x.rows(), A.rows());
-    gemm<S>(x, false, A, true, act);  // x A^T (core/gemm.hpp: kept packing buffers)
+    small_gemm<S>(x, false, A, true, act);  // x A^T (core/small_gemm.hpp: no packing, no allocation)
     // Two passes over whole matrices, both vectorised: Eigen does not vectorise the one-pass form
     // with a replicated bias (its tanh then runs scalar, 9x slower).
     act.rowwise() += bias.transpose();
@@ -40,9 +40,9 @@ struct TanhMap {
     y.resize(x.rows(), B.cols());
     if (scale) {
       ws.scaled_B.noalias() = scale->asDiagonal() * B;
-      gemm<S>(act, false, ws.scaled_B, false, y);
+      small_gemm<S>(act, false, ws.scaled_B, false, y);
     } else {
-      gemm<S>(act, false, B, false, y);
+      small_gemm<S>(act, false, B, false, y);
     }
   }
 
@@ -60,21 +60,21 @@ struct TanhMap {
     // ubar = d loss / d (scale * act) = ybar B^T  [P, r]
     Matrix<S>& ubar = ws.ubar;
     ubar.resize(ybar.rows(), B.rows());
-    gemm<S>(ybar, false, B, true, ubar);
+    small_gemm<S>(ybar, false, B, true, ubar);
     // through tanh: d/dz tanh(z) = 1 - tanh(z)^2
     if (scale) {
       ws.act_ybar.resize(act.cols(), ybar.cols());
-      gemm<S>(act, true, ybar, false, ws.act_ybar);  // G = act^T ybar
+      small_gemm<S>(act, true, ybar, false, ws.act_ybar);  // G = act^T ybar
       dB.noalias() += scale->asDiagonal() * ws.act_ybar;
       dscale->noalias() += (B.array() * ws.act_ybar.array()).rowwise().sum().matrix();
       ubar.array().rowwise() *= scale->transpose().array();
     } else {
-      gemm<S>(act, true, ybar, false, dB, S(1), true);
+      small_gemm<S>(act, true, ybar, false, dB, S(1), true);
     }
     ubar.array() *= (S(1) - act.array().square());
     dbias.noalias() += ubar.colwise().sum().transpose();
-    gemm<S>(ubar, true, x, false, dA, S(1), true);  // dA += ubar^T x
-    gemm<S>(ubar, false, A, false, xbar, S(1), true);  // xbar += ubar A
+    small_gemm<S>(ubar, true, x, false, dA, S(1), true);  // dA += ubar^T x
+    small_gemm<S>(ubar, false, A, false, xbar, S(1), true);  // xbar += ubar A
   }
 };
 
