@@ -6,6 +6,8 @@
 
 #include <coupledqk/coupledqk.hpp>
 
+#include "support/variant.hpp"
+
 namespace cqk_test {
 
 using namespace coupledqk;
@@ -36,13 +38,7 @@ struct pointers_of<std::tuple<T...>> {
   using type = std::tuple<T*...>;
 };
 
-/// One layer configuration under test.
-template <class I, class Sc, DynamicsMemory M = DynamicsMemory::store>
-struct Variant {
-  using integrator = I;
-  using scoring = Sc;
-  static constexpr DynamicsMemory memory = M;
-};
+// One layer configuration under test: Variant<I, Sc, M> (support/variant.hpp).
 
 // Cartesian product of the two lists, as a std::tuple of Variant<I, Sc>.
 template <class I, class Scs>

@@ -8,6 +8,7 @@
 // make_gpt<float> by name through the compiled table (this test links coupledqk::variants_models)
 #include <coupledqk/variants.hpp>
 
+#include "../support/variant.hpp"
 #include "helpers.hpp"
 
 using namespace cqk_ad_test;
@@ -27,20 +28,16 @@ GptConfig tiny(const std::string& attention, int steps = 1) {
   return c;
 }
 
-template <class I, class Sc>
-struct Policies {
-  using integrator = I;
-  using scoring = Sc;
-};
+using cqk_test::Variant;  // support/variant.hpp
 /// The double models these tests use, by type. make_gpt<double> by name would compile every entry
 /// of the built-in table at double into this file, the largest compile of the project's build
 /// (issue 26; docs/design.md); make_gpt by name is checked at float through the compiled table
 /// (variants.hpp) below, the configuration errors included.
 using DoubleModels =
-    std::tuple<Policies<Identity, Softmax>, Policies<Leapfrog<1>, Softmax>, Policies<Leapfrog<2>, Softmax>,
-               Policies<Leapfrog<3>, Softmax>, Policies<Euler<1>, Softmax>, Policies<Uncoupled<3>, Softmax>,
-               Policies<Leapfrog<1>, Differential>, Policies<Leapfrog<2>, Differential>,
-               Policies<Leapfrog<3>, Differential>, Policies<Euler<1>, Differential>>;
+    std::tuple<Variant<Identity, Softmax>, Variant<Leapfrog<1>, Softmax>, Variant<Leapfrog<2>, Softmax>,
+               Variant<Leapfrog<3>, Softmax>, Variant<Euler<1>, Softmax>, Variant<Uncoupled<3>, Softmax>,
+               Variant<Leapfrog<1>, Differential>, Variant<Leapfrog<2>, Differential>,
+               Variant<Leapfrog<3>, Differential>, Variant<Euler<1>, Differential>>;
 
 /// The Gpt<double, I, Sc> of DoubleModels that the built-in table names config.attention with
 /// config.steps steps (what make_gpt<double>(config, seed) builds).

@@ -10,26 +10,24 @@
 
 #include <coupledqk/model/gpt.hpp>
 
+#include "../support/variant.hpp"
+
 namespace coupledqk::cuda::testing {
 
-template <class I, class Sc>
-struct Variant {
-  using integrator = I;
-  using scoring = Sc;
-};
+using ::cqk_test::Variant;  // tests/support/variant.hpp
 
 // The variants whose device model test_cuda_gpt.cu checks against the CPU, each at float and double.
 #define COUPLEDQK_GPT_VARIANTS                                                                               \
-  ::coupledqk::cuda::testing::Variant<Identity, Softmax>, ::coupledqk::cuda::testing::Variant<Leapfrog<1>, Softmax>, \
-      ::coupledqk::cuda::testing::Variant<Leapfrog<3>, Softmax>, ::coupledqk::cuda::testing::Variant<Euler<1>, Softmax>, \
-      ::coupledqk::cuda::testing::Variant<Uncoupled<1>, Softmax>,                                           \
-      ::coupledqk::cuda::testing::Variant<Identity, Differential>,                                          \
-      ::coupledqk::cuda::testing::Variant<Leapfrog<1>, Differential>,                                       \
-      ::coupledqk::cuda::testing::Variant<Affine<2>, Differential>,                                         \
-      ::coupledqk::cuda::testing::Variant<NewtonLeapfrog<1>, Softmax>,                                      \
-      ::coupledqk::cuda::testing::Variant<Drift<1>, Differential>
+  ::cqk_test::Variant<Identity, Softmax>, ::cqk_test::Variant<Leapfrog<1>, Softmax>, \
+      ::cqk_test::Variant<Leapfrog<3>, Softmax>, ::cqk_test::Variant<Euler<1>, Softmax>, \
+      ::cqk_test::Variant<Uncoupled<1>, Softmax>,                                           \
+      ::cqk_test::Variant<Identity, Differential>,                                          \
+      ::cqk_test::Variant<Leapfrog<1>, Differential>,                                       \
+      ::cqk_test::Variant<Affine<2>, Differential>,                                         \
+      ::cqk_test::Variant<NewtonLeapfrog<1>, Softmax>,                                      \
+      ::cqk_test::Variant<Drift<1>, Differential>
 // ... and the ones it builds besides (the device trainer's case: a registry model by type).
-#define COUPLEDQK_CPU_MODEL_EXTRA_VARIANTS ::coupledqk::cuda::testing::Variant<Leapfrog<2>, Differential>
+#define COUPLEDQK_CPU_MODEL_EXTRA_VARIANTS ::cqk_test::Variant<Leapfrog<2>, Differential>
 
 /// A new Gpt<S, I, Sc>(config, seed). Defined in cpu_models.cpp for S = float and double and every
 /// variant of the two lists above; any other is a link error naming it.
