@@ -62,10 +62,14 @@ def rank(core):
 def use_proper_kernels():
     """Sets OPENBLAS_CORETYPE in os.environ when needed (before numpy/torch are imported).
     Returns (core in use, how it was chosen)."""
-    if os.environ.get("OPENBLAS_CORETYPE"):
-        return os.environ["OPENBLAS_CORETYPE"], "OPENBLAS_CORETYPE set by the caller"
-    found = detected_core()
     best = best_core(cpu_flags())
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        given = os.environ["OPENBLAS_CORETYPE"]
+        if best and rank(given) < rank(best):  # kept, but a peak measured on it is not the machine's
+            return given, (f"OPENBLAS_CORETYPE={given} set by the caller, narrower than this CPU's {best} "
+                           f"kernels: OpenBLAS runs below the machine's peak (unset it for the real one)")
+        return given, "OPENBLAS_CORETYPE set by the caller"
+    found = detected_core()
     if best and rank(found) < rank(best):
         os.environ["OPENBLAS_CORETYPE"] = best
         return best, f"OPENBLAS_CORETYPE={best} (OpenBLAS detected {found}, generic for this CPU)"
