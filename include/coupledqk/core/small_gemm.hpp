@@ -9,9 +9,9 @@
 // at 1.18x of standard attention against the 1.105x its FLOPs allow. This kernel packs nothing
 // on the left and at most one column block of op(B):
 //
-//  - A register block of kSmallGemmRows rows x kSmallGemmPackets packets of C lives in registers
-//    for the whole depth K; op(A) is read in place (an element broadcast per row and k, whatever
-//    its storage order), op(B) one row of packets per k.
+//  - A register block of C (6 rows x 4 packets; 2 packets where there are 16 vector registers)
+//    lives in registers for the whole depth K; op(A) is read in place (an element broadcast per row
+//    and k, whatever its storage order), op(B) one row of packets per k.
 //  - op(B) is read in place when its rows are contiguous (B not transposed) and N is a multiple
 //    of the packet size; otherwise each column block of op(B) is copied, zero-padded to whole
 //    packets, into a buffer on the stack (at most kSmallGemmMaxDepth rows of it: 64 KiB). No
@@ -59,6 +59,9 @@ struct SmallGemm {
   static constexpr int kPackets = 2;
 #endif
   static constexpr Index kBlockCols = Index(kPackets) * kPacket;
+
+  /// Whether op(B) is read where it is: rows contiguous (B not transposed) and whole packets wide.
+  static bool b_in_place(Index N, bool trans_b) { return !trans_b && N % kPacket == 0; }
 
   /// The register block: C rows [0, RR), packets [0, NN) (cols of them valid, the rest padding).
   /// a(i, k) = a[i * a_row + k * a_k]; b(k, j) = b[k * ldb + j], readable for NN whole packets.
@@ -132,9 +135,8 @@ struct SmallGemm {
 /// Whether small_gemm computes [M, K] x [K, N] on its own kernel (else it calls gemm).
 template <class S>
 bool small_gemm_takes(Index M, Index N, Index K, bool trans_b) {
-  const bool in_place = !trans_b && N % detail::SmallGemm<S>::kPacket == 0;
   return N <= kSmallGemmMaxCols && detail::work_of(M, N, K) <= kSmallGemmMaxWork &&
-         (in_place || K <= kSmallGemmMaxDepth);
+         (detail::SmallGemm<S>::b_in_place(N, trans_b) || K <= kSmallGemmMaxDepth);
 }
 
 /// C = alpha op(A) op(B) (accumulate = false) or C += alpha op(A) op(B) (accumulate = true), as
@@ -156,7 +158,7 @@ void small_gemm(const ConstMatrixRef<S>& A, bool trans_a, const ConstMatrixRef<S
   }
   const Index lda = A.outerStride(), ldb = B.outerStride(), ldc = C.outerStride();
   const Index a_row = trans_a ? 1 : lda, a_k = trans_a ? lda : 1;
-  const bool in_place = !trans_b && N % Kernel::kPacket == 0;
+  const bool in_place = Kernel::b_in_place(N, trans_b);
   constexpr Index kBlock = Kernel::kBlockCols;
   for (Index j0 = 0; j0 < N; j0 += kBlock) {
     const Index cols = std::min(kBlock, N - j0);
