@@ -23,8 +23,9 @@
 // Inside an OpenMP parallel region the product runs on the calling thread alone.
 //
 // Built with COUPLEDQK_USE_OPENBLAS (-DCOUPLEDQK_BLAS=OpenBLAS), each panel is one call of OpenBLAS's
-// serial sgemm_/dgemm_ instead of Eigen's kernel, on the same panels and threads (gemm_backend.hpp
-// says when it is not used and why).
+// serial sgemm_/dgemm_ instead of Eigen's kernel, on the same threads but on row panels only, in
+// multiples of kBlasRowGrain and of at least kBlasPanelWork multiply-adds, so that its bits do not
+// depend on the thread count either (gemm_backend.hpp says when it is not used and why).
 #pragma once
 
 #include <Eigen/Core>
@@ -87,6 +88,15 @@ void gemm_panel(Index M, Index N, Index K, const S* A, Index lda, const S* B, In
 /// multiples of kColGrain (covers its row blocks mr = 3 packets <= 48 floats).
 inline constexpr Index kGemmRowGrain = 16, kGemmColGrain = 48;
 
+/// Rows of C per panel on OpenBLAS's kernel are multiples of this, and its columns are never split.
+/// C's rows are the n of OpenBLAS's column-major product C^T = B^T A^T, which its kernels tile in
+/// blocks of 12 (Haswell / Zen sgemm), 8 (their dgemm), 4 or 8 (SkylakeX): a split at a multiple of
+/// the block leaves every element on the same kernel path. A split of C's columns (OpenBLAS's m) is not
+/// safe on any multiple: on the Haswell / Zen sgemm kernel (0.3.21, measured) the rows either side of
+/// a split inside one of its cache blocks (320 rows there) round differently from the whole
+/// product, so a panel's result would depend on the thread count.
+inline constexpr Index kBlasRowGrain = 48;
+
 /// The fewest multiply-adds a panel on OpenBLAS's kernel holds (see gemm): 2^21, twice the size
 /// below which OpenBLAS 0.3.x may switch to its small-matrix kernels.
 inline constexpr double kBlasPanelWork = 2097152.0;
@@ -137,8 +147,10 @@ void gemm(const ConstMatrixRef<S>& A, bool trans_a, const ConstMatrixRef<S>& B, 
   }
 #endif
   // Split the rows of C when op(B) (re-packed by every panel) is the smaller operand, else the columns.
-  const bool by_rows = N <= M;
-  const Index extent = by_rows ? M : N, grain = by_rows ? kGemmRowGrain : kGemmColGrain;
+  // On OpenBLAS's kernel always the rows, in multiples of kBlasRowGrain (see there).
+  const bool blas = gemm_backend() == GemmBackend::openblas;
+  const bool by_rows = blas || N <= M;
+  const Index extent = by_rows ? M : N, grain = blas ? kBlasRowGrain : by_rows ? kGemmRowGrain : kGemmColGrain;
   const Index units = (extent + grain - 1) / grain;
   threads = std::min(threads, units);
   if (threads <= 1) {
@@ -149,7 +161,6 @@ void gemm(const ConstMatrixRef<S>& A, bool trans_a, const ConstMatrixRef<S>& B, 
   // products of at most 10^6 on its small-matrix kernels (SkylakeX), which round differently from its
   // blocked ones, so the whole product and each of its panels then take the same kernel path and the
   // thread count changes no bit (fewer panels while the last one is smaller than that).
-  const bool blas = gemm_backend() == GemmBackend::openblas;
   if (blas)
     threads = std::min<Index>(threads,
                               std::max<Index>(1, static_cast<Index>(detail::work_of(M, N, K) / kBlasPanelWork)));
